@@ -1,0 +1,81 @@
+// The disk cache: <root>/v1/<arch>/<key[0:2]>/<key>/{kernel.cu, kernel.cubin, meta.json}.
+//
+// Crash and race safety: an entry is written in a private temp folder under <root>/v1/tmp (same
+// filesystem) and published with one rename(2), so a reader sees a whole entry or none; a process
+// killed mid-publish leaves only a temp folder, which later sweeps remove. Two processes racing on
+// one key both succeed: the loser's rename fails with EEXIST/ENOTEMPTY and its copy is discarded.
+// The per-key lock file only saves duplicate compiles; correctness never depends on it.
+//
+// Trust: the root is created 0700. Entries (and the root) that are not owned by this user or are
+// writable by group/others are refused (a shared writable cache is a code-injection path).
+// Loads verify the cubin's SHA-256 against meta.json; a bad entry is moved aside to
+// <root>/v1/quarantine and reported as a miss, so the caller rebuilds it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/cached_binary.h"
+
+namespace moejit {
+
+struct DiskEntryInfo {
+  std::string arch;
+  std::string key;
+  std::string path;
+  int64_t bytes = 0;
+  int64_t last_used_unix = 0;               // seconds; loads refresh it (LRU)
+  std::vector<std::string> kernel_names;
+};
+
+struct DiskVerifyResult {
+  int checked = 0;
+  std::vector<std::string> bad;             // paths of entries that failed and were quarantined
+};
+
+// Held while compiling a key; releases on destruction. Advisory (flock), best effort.
+class DiskLock {
+ public:
+  virtual ~DiskLock() = default;
+};
+
+class DiskCache {
+ public:
+  // Opens (creating, 0700) `root`. Never throws for an unusable root: usable() is then false
+  // and reason() says why (read-only, not owned by this user, writable by others, ...).
+  DiskCache(std::string root, int64_t max_bytes);
+
+  bool usable() const { return usable_; }
+  const std::string& reason() const { return reason_; }
+  const std::string& root() const { return root_; }
+
+  // The entry for (arch, key), verified; nullopt on a miss, a refused or a corrupt entry.
+  std::optional<CachedBinary> load(const std::string& arch, const std::string& key);
+
+  // Publishes atomically; returns false (and leaves no partial entry) when the disk refuses.
+  // Then evicts least-recently-used entries while the cache exceeds max_bytes.
+  bool publish(const CachedBinary& binary);
+
+  // Cross-process lock for one key (saves duplicate compiles only). Null when unusable.
+  std::unique_ptr<DiskLock> lock(const std::string& arch, const std::string& key);
+
+  std::vector<DiskEntryInfo> list() const;
+  int64_t total_bytes() const;
+  DiskVerifyResult verify();
+  int clear();                               // removes every entry; returns how many
+  int prune(int64_t max_bytes);              // LRU-evicts down to max_bytes; returns how many
+
+ private:
+  std::string entry_dir(const std::string& arch, const std::string& key) const;
+  void quarantine(const std::string& dir);
+
+  std::string root_;
+  int64_t max_bytes_;
+  bool usable_ = false;
+  std::string reason_;
+};
+
+}  // namespace moejit

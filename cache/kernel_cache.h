@@ -1,0 +1,55 @@
+// Memory cache in front of the disk cache, with single flight: within one process, concurrent
+// requests for one key run the build once and all receive its result.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cache/cached_binary.h"
+#include "cache/disk_cache.h"
+
+namespace moejit {
+
+enum class CacheOutcome { MemoryHit, DiskHit, Built };
+std::string_view to_string(CacheOutcome outcome);
+
+struct CacheOptions {
+  std::string root;          // disk root
+  int64_t max_bytes = 0;     // disk cap (0: none)
+  bool use_disk = true;      // false: memory only
+};
+
+class KernelCache {
+ public:
+  explicit KernelCache(const CacheOptions& options);
+
+  // The binary for (arch, key): from memory, else disk (verified), else `build()` (published to
+  // disk when the disk is usable). A build that throws publishes nothing, and the exception
+  // reaches every waiter for that key.
+  std::shared_ptr<const CachedBinary> get_or_build(const std::string& arch, const std::string& key,
+                                                   const std::function<CachedBinary()>& build,
+                                                   CacheOutcome* outcome = nullptr);
+
+  // The disk side (null when memory-only); `warning()` says why the disk is not used.
+  DiskCache* disk() { return disk_ && disk_->usable() ? disk_.get() : nullptr; }
+  const std::string& warning() const { return warning_; }
+
+  void clear_memory();
+
+ private:
+  struct InFlight;
+  std::unique_ptr<DiskCache> disk_;
+  std::string warning_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const CachedBinary>> memory_;
+  std::map<std::string, std::shared_ptr<InFlight>> in_flight_;
+};
+
+// The process-wide cache configured from knobs(); its disk warning is printed once to stderr.
+KernelCache& global_cache();
+
+}  // namespace moejit

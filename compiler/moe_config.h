@@ -1,0 +1,89 @@
+// MoeConfig: everything about one MoE layer that the generated code is specialized on,
+// plus the parallel layout. SPEC.md defines the meaning of every field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace moejit {
+
+enum class Scoring { Softmax, Sigmoid };
+enum class TopkMethod { Greedy, GroupLimitedGreedy, NoauxTc };
+enum class Activation { Silu, Gelu, GeluTanh };
+enum class DType { BF16, FP16, FP32 };
+enum class Quant { None, W8A8Int8 };
+// How w13/w2 are stored. NK: [E, N, K] with K (the reduction dim) contiguous, as Hugging Face
+// and vLLM store them (w13 [E, 2I, H]); KN: [E, K, N], the transpose.
+enum class WeightLayout { NK, KN };
+
+std::string_view to_string(Scoring v);
+std::string_view to_string(TopkMethod v);
+std::string_view to_string(Activation v);
+std::string_view to_string(DType v);
+std::string_view to_string(Quant v);
+std::string_view to_string(WeightLayout v);
+int dtype_bytes(DType v);
+
+struct MoeConfig {
+  int experts = 8;               // routed experts, global (E)
+  int topk = 2;                  // K
+  int num_expert_group = 1;      // G
+  int topk_group = 1;            // groups kept per token
+  Scoring scoring = Scoring::Softmax;
+  TopkMethod topk_method = TopkMethod::Greedy;
+  bool renormalize = true;       // norm_topk_prob
+  double routed_scaling_factor = 1.0;
+  int64_t hidden = 4096;         // H
+  int64_t moe_intermediate = 14336;  // the model's moe_intermediate_size, before the TP split
+  Activation activation = Activation::Silu;
+  bool gated = true;
+  DType dtype = DType::BF16;     // hidden, weights (unquantized), output
+  DType router_dtype = DType::BF16;  // router logits: dtype or fp32
+  Quant quant = Quant::None;
+  int ep_size = 1;
+  int ep_rank = 0;
+  int tp_size = 1;
+  int tp_rank = 0;
+  int n_shared_experts = 0;      // informational: the caller adds them through `residual`
+  WeightLayout weight_layout = WeightLayout::NK;
+
+  int local_experts() const { return experts / ep_size; }                 // E_loc
+  int first_local_expert() const { return ep_rank * local_experts(); }    // s
+  int64_t local_intermediate() const { return moe_intermediate / tp_size; }  // I of this rank
+  int64_t gemm1_rows() const { return gated ? 2 * local_intermediate() : local_intermediate(); }
+
+  bool operator==(const MoeConfig&) const = default;
+};
+
+// Throws InvalidInput naming the field, the value and the rule for the first violated rule.
+void validate(const MoeConfig& config);
+
+// Every rule violation, in a fixed order; empty when the config is valid.
+std::vector<std::string> validation_errors(const MoeConfig& config);
+
+// Sets one field from text, as the CLI overrides and the moejit JSON format spell it
+// (e.g. "experts", "64"; "scoring", "sigmoid"). Throws InvalidInput for an unknown field or a
+// value that does not parse, naming the allowed values.
+void set_field(MoeConfig& config, std::string_view field, std::string_view value);
+
+// The names set_field accepts, in declaration order.
+const std::vector<std::string>& field_names();
+
+// Presets from SPEC.md (the models' published config.json values).
+const std::vector<std::string>& preset_names();
+// Throws InvalidInput listing the preset names when `name` is unknown.
+MoeConfig preset(std::string_view name);
+
+// The moejit JSON format: one object whose keys are field_names(); absent keys keep defaults.
+nlohmann::json to_json(const MoeConfig& config);
+MoeConfig config_from_json(const nlohmann::json& j);
+
+// One line per field, "name = value", in field_names() order; used in generated-source headers.
+std::string describe(const MoeConfig& config);
+
+}  // namespace moejit

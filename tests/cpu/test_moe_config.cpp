@@ -1,0 +1,78 @@
+// MoeConfig basics: presets validate, fields round-trip through text and JSON.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "compiler/error.h"
+#include "compiler/moe_config.h"
+
+namespace moejit {
+namespace {
+
+TEST(MoeConfig, EveryPresetIsValid) {
+  for (const auto& name : preset_names()) {
+    SCOPED_TRACE(name);
+    MoeConfig c = preset(name);
+    EXPECT_TRUE(validation_errors(c).empty()) << validation_errors(c).front();
+  }
+}
+
+TEST(MoeConfig, PresetValuesMatchSpec) {
+  MoeConfig v3 = preset("deepseek-v3");
+  EXPECT_EQ(v3.experts, 256);
+  EXPECT_EQ(v3.topk, 8);
+  EXPECT_EQ(v3.num_expert_group, 8);
+  EXPECT_EQ(v3.topk_group, 4);
+  EXPECT_EQ(v3.scoring, Scoring::Sigmoid);
+  EXPECT_EQ(v3.topk_method, TopkMethod::NoauxTc);
+  EXPECT_DOUBLE_EQ(v3.routed_scaling_factor, 2.5);
+  EXPECT_EQ(v3.hidden, 7168);
+  EXPECT_EQ(v3.moe_intermediate, 2048);
+  MoeConfig lite = preset("deepseek-v2-lite");
+  EXPECT_FALSE(lite.renormalize);
+  EXPECT_EQ(lite.n_shared_experts, 2);
+}
+
+TEST(MoeConfig, UnknownPresetListsTheKnownOnes) {
+  try {
+    preset("gpt-oss");
+    FAIL() << "expected InvalidInput";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("mixtral-8x7b"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MoeConfig, JsonRoundTripKeepsEveryField) {
+  for (const auto& name : preset_names()) {
+    MoeConfig c = preset(name);
+    c.ep_size = 2;
+    c.ep_rank = 1;
+    c.dtype = DType::FP16;
+    c.router_dtype = DType::FP32;
+    c.weight_layout = WeightLayout::KN;
+    EXPECT_EQ(config_from_json(to_json(c)), c) << name;
+  }
+}
+
+TEST(MoeConfig, SetFieldParsesAliasesAndRejectsJunk) {
+  MoeConfig c;
+  set_field(c, "dtype", "bfloat16");
+  EXPECT_EQ(c.dtype, DType::BF16);
+  set_field(c, "routed_scaling_factor", "2.827");
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.827);
+  EXPECT_THROW(set_field(c, "experts", "12x"), InvalidInput);
+  EXPECT_THROW(set_field(c, "colour", "blue"), InvalidInput);
+}
+
+TEST(MoeConfig, DerivedSizesFollowTheParallelLayout) {
+  MoeConfig c = preset("deepseek-v3");
+  c.ep_size = 8;
+  c.ep_rank = 3;
+  c.tp_size = 2;
+  EXPECT_EQ(c.local_experts(), 32);
+  EXPECT_EQ(c.first_local_expert(), 96);
+  EXPECT_EQ(c.local_intermediate(), 1024);
+  EXPECT_EQ(c.gemm1_rows(), 2048);
+}
+
+}  // namespace
+}  // namespace moejit
