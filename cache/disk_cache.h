@@ -34,6 +34,7 @@ struct DiskEntryInfo {
 struct DiskVerifyResult {
   int checked = 0;
   std::vector<std::string> bad;             // paths of entries that failed and were quarantined
+  std::vector<std::string> refused;         // not owned by this user or writable by others; left in place
 };
 
 // Held while compiling a key; releases on destruction. Advisory (flock), best effort.
@@ -55,9 +56,10 @@ class DiskCache {
   // The entry for (arch, key), verified; nullopt on a miss, a refused or a corrupt entry.
   std::optional<CachedBinary> load(const std::string& arch, const std::string& key);
 
-  // Publishes atomically; returns false (and leaves no partial entry) when the disk refuses.
+  // Publishes atomically; returns false (and leaves no partial entry) when the disk refuses,
+  // saying why in `*error` when given. Returns true when another process published the key first.
   // Then evicts least-recently-used entries while the cache exceeds max_bytes.
-  bool publish(const CachedBinary& binary);
+  bool publish(const CachedBinary& binary, std::string* error = nullptr);
 
   // Cross-process lock for one key (saves duplicate compiles only). Null when unusable.
   std::unique_ptr<DiskLock> lock(const std::string& arch, const std::string& key);
@@ -69,8 +71,14 @@ class DiskCache {
   int prune(int64_t max_bytes);              // LRU-evicts down to max_bytes; returns how many
 
  private:
+  struct Scanned;
+  std::string open_root();                  // creates the layout; returns why it is unusable, or ""
+  void sweep_tmp();
+  std::vector<Scanned> scan() const;
   std::string entry_dir(const std::string& arch, const std::string& key) const;
   void quarantine(const std::string& dir);
+  bool remove_entry(const std::string& dir, bool* gone) const;
+  int evict_to(int64_t max_bytes, const std::string& keep);
 
   std::string root_;
   int64_t max_bytes_;

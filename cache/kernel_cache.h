@@ -2,12 +2,14 @@
 // requests for one key run the build once and all receive its result.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "cache/cached_binary.h"
 #include "cache/disk_cache.h"
@@ -34,7 +36,8 @@ class KernelCache {
                                                    const std::function<CachedBinary()>& build,
                                                    CacheOutcome* outcome = nullptr);
 
-  // The disk side (null when memory-only); `warning()` says why the disk is not used.
+  // The disk side (null when memory-only); `warning()` says why the disk is not used (empty when
+  // it is used, and when options.use_disk is false: the user asked for memory only).
   DiskCache* disk() { return disk_ && disk_->usable() ? disk_.get() : nullptr; }
   const std::string& warning() const { return warning_; }
 
@@ -42,7 +45,11 @@ class KernelCache {
 
  private:
   struct InFlight;
+  std::shared_ptr<const CachedBinary> resolve(const std::string& arch, const std::string& key,
+                                              const std::function<CachedBinary()>& build,
+                                              CacheOutcome* outcome);
   std::unique_ptr<DiskCache> disk_;
+  std::atomic<bool> publish_failed_{false};  // after the first failed publish: load only, one warning
   std::string warning_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const CachedBinary>> memory_;

@@ -1,6 +1,8 @@
 # Writes OUTPUT: a C++ table of every file in INPUTS as (name "moejit/<file>", contents), so the
 # library can hand the device templates to NVRTC by name. Bytes are written as hex so that no
 # character in a header can break the generated C++.
+# INPUTS arrives '|'-separated: a ';' list would be split by the shell of the build command.
+string(REPLACE "|" ";" INPUTS "${INPUTS}")
 set(body "")
 set(entries "")
 set(index 0)

@@ -248,8 +248,8 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
         fmt::format("moe_intermediate: {} is out of range; allowed 1..{}", c.moe_intermediate,
                     kMaxIntermediate));
   check(c.router_dtype == c.dtype || c.router_dtype == DType::FP32,
-        fmt::format("router_dtype: {} is not allowed with dtype {}; allowed values: {}, fp32",
-                    to_string(c.router_dtype), to_string(c.dtype), to_string(c.dtype)));
+        fmt::format("router_dtype: {} is not allowed with dtype {}; allowed values: {}", to_string(c.router_dtype),
+                    to_string(c.dtype), c.dtype == DType::FP32 ? "fp32" : fmt::format("{}, fp32", to_string(c.dtype))));
   check(c.ep_size >= 1, fmt::format("ep_size: {} is out of range; allowed >= 1", c.ep_size));
   if (c.ep_size >= 1) {
     check(c.experts % c.ep_size == 0,

@@ -1,0 +1,642 @@
+// The disk cache (DESIGN.md decision 5): layout, trust checks, atomic publish, verified loads,
+// quarantine, LRU eviction and the per-key lock.
+//
+// Layout under <root>/v1:
+//   <arch>/<key[0:2]>/<key>/{kernel.cu, kernel.cubin, meta.json}   published entries
+//   tmp/<key>.XXXXXX                 a publish in progress (or one whose process died)
+//   tmp/evict.<key>.<pid>.<n>        an entry being deleted (moved here first, then removed)
+//   quarantine/<key>.<pid>.<n>       entries that failed verification, kept for inspection
+//   locks/<key>.lock                 flock(2) files; never deleted while entries exist
+//
+// LRU stamp: the entry folder's mtime. Publish and every successful load set it to the current
+// time (taken from the clock, with nanoseconds, not UTIME_NOW, whose coarse kernel clock can give
+// two quick loads the same stamp). Nothing else changes the folder's mtime: its files are
+// written before the publishing rename and never touched after it.
+//
+// Every filesystem failure is reported through return values (false, nullopt, an empty list, a
+// reason); nothing here throws except std::bad_alloc.
+#include "cache/disk_cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <system_error>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cache/cache_key.h"
+
+namespace moejit {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kSource = "kernel.cu";
+constexpr const char* kCubin = "kernel.cubin";
+constexpr const char* kMeta = "meta.json";
+constexpr int64_t kStaleTmpSeconds = 3600;
+constexpr size_t kWriteChunk = size_t{1} << 20;
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Closes a descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// Removes a folder on scope exit unless released (a failed or lost publish leaves nothing).
+class RemoveOnExit {
+ public:
+  explicit RemoveOnExit(std::string path) : path_(std::move(path)) {}
+  RemoveOnExit(const RemoveOnExit&) = delete;
+  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
+  ~RemoveOnExit() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);  // best effort; a leftover is swept after an hour
+  }
+  void release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// Arch and key become path components: only [0-9A-Za-z_-], so never ".", "..", "/" or a dot
+// that would make the tmp/quarantine names ambiguous. Arch may not shadow the service folders.
+bool safe_component(std::string_view s, size_t min_len, size_t max_len) {
+  if (s.size() < min_len || s.size() > max_len) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           c == '-';
+  });
+}
+bool valid_arch(std::string_view arch) {
+  return safe_component(arch, 1, 64) && arch != "tmp" && arch != "quarantine" && arch != "locks";
+}
+bool valid_key(std::string_view key) { return safe_component(key, 2, 128); }
+
+// Trusted: owned by this user and not writable by group or others.
+bool trusted(const struct stat& st) {
+  return st.st_uid == ::geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+struct timespec now_realtime() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return ts;
+}
+
+// The LRU stamp: mtime = now, atime untouched. Best effort (a read-only disk keeps the old one).
+void stamp(int dirfd) {
+  struct timespec times[2] = {{0, UTIME_OMIT}, now_realtime()};
+  (void)::futimens(dirfd, times);
+}
+
+// mkdir -p: every folder it creates gets mode 0700 (chmod after mkdir, so the umask cannot widen
+// or narrow it). Returns 0 or an errno; ENOTDIR when a component exists but is not a folder.
+int mkdir_p(const std::string& path) {
+  if (path.empty()) return ENOENT;
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos != path.size() && path[pos] != '/') continue;
+    std::string prefix = path.substr(0, pos);
+    if (prefix.back() == '/') continue;  // "a//b"
+    if (::mkdir(prefix.c_str(), 0700) == 0) {
+      if (::chmod(prefix.c_str(), 0700) != 0) return errno;
+      continue;
+    }
+    int err = errno;
+    if (err != EEXIST) return err;
+    struct stat st {};
+    if (::stat(prefix.c_str(), &st) != 0) return errno;
+    if (!S_ISDIR(st.st_mode)) return ENOTDIR;
+  }
+  return 0;
+}
+
+std::string parent_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
+std::string base_of(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+// Names in a folder, without "." and ".."; empty when it cannot be read.
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return names;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Sum of the regular files' sizes directly inside `dir` (entries are flat).
+int64_t bytes_in(const std::string& dir) {
+  int64_t total = 0;
+  for (const auto& name : names_in(dir)) {
+    struct stat st {};
+    std::string p = dir + "/" + name;
+    if (::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += st.st_size;
+  }
+  return total;
+}
+
+// Writes a new file in `dirfd` and fsyncs it. Returns 0 or an errno.
+// Writes go out in pieces of at most 1 MiB; the cache tests' worker paces them to be killed
+// mid-write, which is exactly the crash the temp folder makes harmless.
+int write_file(int dirfd, const char* name, std::string_view data) {
+  Fd fd(::openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd.get() < 0) return errno;
+  size_t done = 0;
+  while (done < data.size()) {
+    size_t n = std::min(kWriteChunk, data.size() - done);
+    ssize_t w = ::write(fd.get(), data.data() + done, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd.get()) != 0) return errno;
+  if (::close(fd.release()) != 0) return errno;
+  return 0;
+}
+
+enum class FileState { Ok, Missing, Refused, Unreadable };
+
+// Reads a file of an entry, refusing one that is not a regular file owned by this user and
+// closed to writes by group/others.
+FileState read_file(int dirfd, const char* name, std::string* out) {
+  Fd fd(::openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.get() < 0) return errno == ENOENT ? FileState::Missing : FileState::Unreadable;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return FileState::Unreadable;
+
+  out->clear();
+  out->reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd.get(), buf, sizeof buf);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return FileState::Unreadable;
+    }
+    if (r == 0) break;
+    out->append(buf, static_cast<size_t>(r));
+  }
+  return FileState::Ok;
+}
+
+// What reading one entry found.
+struct EntryRead {
+  enum Status { Ok, Refused, Corrupt } status = Corrupt;
+  std::string why;
+  CachedBinary binary;
+};
+
+bool string_list(const json& j, std::vector<std::string>* out) {
+  if (!j.is_array()) return false;
+  out->clear();
+  for (const auto& v : j) {
+    if (!v.is_string()) return false;
+    out->push_back(v.get<std::string>());
+  }
+  return true;
+}
+
+// Reads and checks an opened entry folder: trust of each file, meta.json, both digests, and that
+// the entry is really the one asked for (a folder renamed to another key's path is corrupt).
+EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key) {
+  EntryRead r;
+  std::string meta_text;
+  CachedBinary& b = r.binary;
+  const std::pair<const char*, std::string*> files[] = {
+      {kMeta, &meta_text}, {kCubin, &b.cubin}, {kSource, &b.source}};
+  for (const auto& [name, out] : files) {
+    switch (read_file(dirfd, name, out)) {
+      case FileState::Ok: break;
+      case FileState::Refused:
+        r.status = EntryRead::Refused;
+        r.why = fmt::format("{} is not owned by this user or is writable by others", name);
+        return r;
+      case FileState::Missing: r.why = fmt::format("{} is missing", name); return r;
+      case FileState::Unreadable: r.why = fmt::format("{} cannot be read", name); return r;
+    }
+  }
+  json meta = json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object()) {
+    r.why = "meta.json is not a JSON object";
+    return r;
+  }
+  auto str = [&](const char* field) -> std::string {
+    auto it = meta.find(field);
+    return it != meta.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (str("arch") != arch || str("key") != key) {
+    r.why = "meta.json names another arch or key";
+    return r;
+  }
+  auto names = meta.find("kernel_names");
+  if (names == meta.end() || !string_list(*names, &b.kernel_names)) {
+    r.why = "meta.json has no kernel_names list";
+    return r;
+  }
+  if (str("cubin_sha256") != sha256_hex(b.cubin)) {
+    r.why = "kernel.cubin does not match its SHA-256 in meta.json";
+    return r;
+  }
+  if (str("source_sha256") != sha256_hex(b.source)) {
+    r.why = "kernel.cu does not match its SHA-256 in meta.json";
+    return r;
+  }
+  auto info = meta.find("info");
+  b.meta = info != meta.end() ? *info : json::object();
+  b.arch = arch;
+  b.key = key;
+  r.status = EntryRead::Ok;
+  return r;
+}
+
+// Names of moved-aside folders are unique per process: <key>.<pid>.<n>.
+std::string unique_name(const std::string& prefix) {
+  static std::atomic<uint64_t> counter{0};
+  return fmt::format("{}.{}.{}", prefix, ::getpid(), counter.fetch_add(1));
+}
+
+// The root-level failure, worded for the one warning the user sees.
+std::string describe_failure(const std::string& root, const std::string& doing, int err) {
+  switch (err) {
+    case EROFS:
+    case EACCES:
+    case EPERM:
+      return fmt::format("cache root {} is read-only ({}: {})", root, doing, errno_text(err));
+    case ENOTDIR:
+    case EEXIST:
+      return fmt::format("cache root {} is not a directory ({}: {})", root, doing, errno_text(err));
+    case ENOSPC:
+    case EDQUOT:
+      return fmt::format("cache root {} is on a full disk ({}: {})", root, doing, errno_text(err));
+    default:
+      return fmt::format("cache root {} is not usable ({}: {})", root, doing, errno_text(err));
+  }
+}
+
+// Why a folder of the layout may not be trusted, or "".
+std::string distrust(const std::string& path, const struct stat& st) {
+  if (!S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", path);
+  if (st.st_uid != ::geteuid())
+    return fmt::format("{} is owned by uid {}, not by this user (uid {}); refusing it", path,
+                       st.st_uid, ::geteuid());
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return fmt::format(
+        "{} is writable by group or others (mode {:o}); refusing it, since a shared writable "
+        "cache lets others inject code (fix: chmod 700 {})",
+        path, st.st_mode & 07777, path);
+  return {};
+}
+
+}  // namespace
+
+struct DiskCache::Scanned {
+  std::string arch, key, path;
+  int64_t bytes = 0;
+  int64_t mtime_ns = 0;
+  bool trusted = false;
+};
+
+DiskCache::DiskCache(std::string root, int64_t max_bytes)
+    : root_(std::move(root)), max_bytes_(max_bytes) {
+  reason_ = open_root();
+  usable_ = reason_.empty();
+  if (usable_) sweep_tmp();
+}
+
+std::string DiskCache::open_root() {
+  if (root_.empty()) return "no cache root is set";
+  while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+  if (int err = mkdir_p(root_)) return describe_failure(root_, "creating it", err);
+  struct stat st {};
+  if (::stat(root_.c_str(), &st) != 0) return describe_failure(root_, "stat", errno);
+  if (std::string why = distrust(root_, st); !why.empty()) return "cache root " + why;
+  // The service folders are checked without following links: a link here was not made by us.
+  for (const char* sub : {"/v1", "/v1/tmp", "/v1/quarantine", "/v1/locks"}) {
+    std::string path = root_ + sub;
+    if (::mkdir(path.c_str(), 0700) == 0) {
+      (void)::chmod(path.c_str(), 0700);
+    } else if (errno != EEXIST) {
+      return describe_failure(root_, "creating " + path, errno);
+    }
+    if (::lstat(path.c_str(), &st) != 0) return describe_failure(root_, "stat " + path, errno);
+    if (std::string why = distrust(path, st); !why.empty()) return "cache folder " + why;
+  }
+  // The folders may exist from an earlier run on a now read-only disk: probe by writing.
+  std::string probe = root_ + "/v1/tmp/probe.XXXXXX";
+  int fd = ::mkstemp(probe.data());
+  if (fd < 0) return describe_failure(root_, "creating a file in " + root_ + "/v1/tmp", errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return {};
+}
+
+// Removes temp folders older than an hour: publishes whose process died, or evictions cut short.
+// A live publish touches its folder when it creates each file and takes seconds, so it is never
+// this old; folders of other users are left alone.
+void DiskCache::sweep_tmp() {
+  std::string tmp = root_ + "/v1/tmp";
+  int64_t cutoff = static_cast<int64_t>(::time(nullptr)) - kStaleTmpSeconds;
+  for (const auto& name : names_in(tmp)) {
+    std::string path = tmp + "/" + name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+}
+
+std::string DiskCache::entry_dir(const std::string& arch, const std::string& key) const {
+  return fmt::format("{}/v1/{}/{}/{}", root_, arch, key.substr(0, 2), key);
+}
+
+// Moves a bad entry aside so no one trusts it again and the next publish can take its path.
+// If another process moved or evicted it first, the rename fails and there is nothing to do.
+void DiskCache::quarantine(const std::string& dir) {
+  std::string key = base_of(dir);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::string target = root_ + "/v1/quarantine/" + unique_name(key);
+    if (::rename(dir.c_str(), target.c_str()) == 0) return;
+    if (errno != EEXIST && errno != ENOTEMPTY) return;  // a name left by a dead pid: try the next
+  }
+}
+
+std::optional<CachedBinary> DiskCache::load(const std::string& arch, const std::string& key) {
+  if (!usable_ || !valid_arch(arch) || !valid_key(key)) return std::nullopt;
+  std::string dir = entry_dir(arch, key);
+  // Open the folder once and read its files relative to it, so a concurrent eviction or
+  // quarantine (a rename) cannot mix files of two entries. ENOENT is a plain miss; a link or a
+  // file in the entry's place is refused.
+  Fd dirfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (dirfd.get() < 0) return std::nullopt;
+  struct stat st {};
+  if (::fstat(dirfd.get(), &st) != 0 || !trusted(st)) return std::nullopt;
+  EntryRead read = read_entry(dirfd.get(), arch, key);
+  if (read.status == EntryRead::Refused) return std::nullopt;  // not ours: never moved, never deleted
+  if (read.status == EntryRead::Corrupt) {
+    // Quarantine only the folder we read: if it was replaced since (evicted and republished by
+    // another process), the path now holds someone's fresh entry. The remaining window between
+    // this check and the rename costs at most one rebuild, never a bad load.
+    struct stat now {};
+    if (::lstat(dir.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
+      quarantine(dir);
+    return std::nullopt;
+  }
+  stamp(dirfd.get());
+  return std::move(read.binary);
+}
+
+bool DiskCache::publish(const CachedBinary& binary, std::string* error) {
+  auto fail = [&](std::string why) {
+    if (error) *error = std::move(why);
+    return false;
+  };
+  if (!usable_) return fail(reason_);
+  if (!valid_arch(binary.arch) || !valid_key(binary.key))
+    return fail(fmt::format("arch '{}' or key '{}' cannot name a cache entry", binary.arch, binary.key));
+
+  // Build the entry in a private folder on the same filesystem. A crash from here to the rename
+  // leaves only this folder, which no reader looks at and sweep_tmp() removes after an hour.
+  std::string tmp = root_ + "/v1/tmp/" + binary.key + ".XXXXXX";
+  if (!::mkdtemp(tmp.data()))
+    return fail(fmt::format("creating a temp folder in {}/v1/tmp: {}", root_, errno_text(errno)));
+  RemoveOnExit cleanup(tmp);
+  (void)::chmod(tmp.c_str(), 0700);  // mkdtemp's 0700 passes through the umask
+  Fd tmpfd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (tmpfd.get() < 0) return fail(fmt::format("opening {}: {}", tmp, errno_text(errno)));
+
+  json meta = {
+      {"arch", binary.arch},
+      {"key", binary.key},
+      {"cubin_sha256", sha256_hex(binary.cubin)},
+      {"source_sha256", sha256_hex(binary.source)},
+      {"kernel_names", binary.kernel_names},
+      {"info", binary.meta},
+  };
+  // Invalid UTF-8 in free-form info (a compiler log) is replaced rather than thrown on.
+  std::string meta_text = meta.dump(2, ' ', false, json::error_handler_t::replace);
+  const std::pair<const char*, std::string_view> files[] = {
+      {kSource, binary.source}, {kCubin, binary.cubin}, {kMeta, meta_text}};
+  for (const auto& [name, data] : files)
+    if (int err = write_file(tmpfd.get(), name, data))
+      return fail(fmt::format("writing {}/{}: {}", tmp, name, errno_text(err)));
+  if (::fsync(tmpfd.get()) != 0) return fail(fmt::format("fsync {}: {}", tmp, errno_text(errno)));
+
+  std::string dir = entry_dir(binary.arch, binary.key);
+  std::string parent = parent_of(dir);
+  if (int err = mkdir_p(parent)) return fail(fmt::format("creating {}: {}", parent, errno_text(err)));
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    // EEXIST/ENOTEMPTY: another process published this key first. Its entry is equivalent (same
+    // key, same inputs); ours is discarded by `cleanup`. If theirs is bad, the next load
+    // quarantines it and the key is rebuilt.
+    if (errno == EEXIST || errno == ENOTEMPTY) return true;
+    return fail(fmt::format("renaming {} to {}: {}", tmp, dir, errno_text(errno)));
+  }
+  cleanup.release();
+  // Make the rename durable; the entry is already visible and whole if this fails.
+  if (Fd pfd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); pfd.get() >= 0)
+    (void)::fsync(pfd.get());
+  if (Fd efd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)); efd.get() >= 0)
+    stamp(efd.get());
+  if (max_bytes_ > 0) evict_to(max_bytes_, dir);
+  return true;
+}
+
+namespace {
+
+// flock(2) on a lock file: released when the descriptor closes, including when the process dies,
+// so a crashed compiler never blocks others.
+class FlockLock : public DiskLock {
+ public:
+  explicit FlockLock(int fd) : fd_(fd) {}
+  ~FlockLock() override { ::close(fd_); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+std::unique_ptr<DiskLock> DiskCache::lock(const std::string& arch, const std::string& key) {
+  if (!usable_ || !valid_arch(arch) || !valid_key(key)) return nullptr;
+  std::string path = root_ + "/v1/locks/" + key + ".lock";
+  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd.get() < 0) return nullptr;
+  while (::flock(fd.get(), LOCK_EX) != 0)
+    if (errno != EINTR) return nullptr;
+  return std::make_unique<FlockLock>(fd.release());
+}
+
+std::vector<DiskCache::Scanned> DiskCache::scan() const {
+  std::vector<Scanned> out;
+  if (!usable_) return out;
+  std::string v1 = root_ + "/v1";
+  for (const auto& arch : names_in(v1)) {
+    if (!valid_arch(arch)) continue;
+    for (const auto& prefix : names_in(v1 + "/" + arch)) {
+      if (prefix.size() != 2) continue;
+      for (const auto& key : names_in(v1 + "/" + arch + "/" + prefix)) {
+        if (!valid_key(key) || key.compare(0, 2, prefix) != 0) continue;
+        Scanned s{arch, key, entry_dir(arch, key)};
+        struct stat st {};
+        if (::lstat(s.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        s.bytes = bytes_in(s.path);
+        s.mtime_ns = mtime_ns(st);
+        s.trusted = trusted(st);
+        out.push_back(std::move(s));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<DiskEntryInfo> DiskCache::list() const {
+  std::vector<DiskEntryInfo> out;
+  for (auto& s : scan()) {
+    DiskEntryInfo info;
+    info.arch = s.arch;
+    info.key = s.key;
+    info.path = s.path;
+    info.bytes = s.bytes;
+    info.last_used_unix = s.mtime_ns / 1000000000;
+    // Kernel names for display only; a bad meta.json shows none (verify() reports it).
+    if (Fd fd(::open(s.path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)); fd.get() >= 0) {
+      std::string text;
+      if (read_file(fd.get(), kMeta, &text) == FileState::Ok) {
+        json meta = json::parse(text, nullptr, false);
+        if (meta.is_object() && meta.contains("kernel_names"))
+          string_list(meta["kernel_names"], &info.kernel_names);
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+int64_t DiskCache::total_bytes() const {
+  int64_t total = 0;
+  for (const auto& s : scan()) total += s.bytes;
+  return total;
+}
+
+DiskVerifyResult DiskCache::verify() {
+  DiskVerifyResult result;
+  for (const auto& s : scan()) {
+    ++result.checked;
+    Fd fd(::open(s.path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) continue;  // evicted meanwhile
+    if (!s.trusted) {
+      result.refused.push_back(s.path);
+      continue;
+    }
+    EntryRead read = read_entry(fd.get(), s.arch, s.key);  // no LRU stamp: verifying is not a use
+    if (read.status == EntryRead::Refused) {
+      result.refused.push_back(s.path);
+    } else if (read.status == EntryRead::Corrupt) {
+      quarantine(s.path);
+      result.bad.push_back(s.path);
+    }
+  }
+  return result;
+}
+
+// Deletes an entry by first renaming it into tmp (one atomic step: readers see the whole entry
+// or none), then removing it; an interrupted removal is swept later. `*gone` says the entry had
+// already disappeared (another process evicted it).
+bool DiskCache::remove_entry(const std::string& dir, bool* gone) const {
+  *gone = false;
+  std::string target = root_ + "/v1/tmp/" + unique_name("evict." + base_of(dir));
+  if (::rename(dir.c_str(), target.c_str()) != 0) {
+    *gone = errno == ENOENT;
+    return false;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(target, ec);
+  return true;
+}
+
+// Evicts least-recently-used entries (oldest mtime first; ties by path, for a fixed order) until
+// the total is at most `max_bytes`. Skips `keep` (the entry just published) and entries that are
+// not ours. Concurrent evictors may both remove an entry's worth: the cache then ends a little
+// under the cap, never over it because of the race.
+int DiskCache::evict_to(int64_t max_bytes, const std::string& keep) {
+  std::vector<Scanned> entries = scan();
+  int64_t total = 0;
+  for (const auto& s : entries) total += s.bytes;
+  std::sort(entries.begin(), entries.end(), [](const Scanned& a, const Scanned& b) {
+    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.path < b.path;
+  });
+  int removed = 0;
+  for (const auto& s : entries) {
+    if (total <= max_bytes) break;
+    if (s.path == keep || !s.trusted) continue;
+    bool gone = false;
+    if (remove_entry(s.path, &gone)) {
+      ++removed;
+      total -= s.bytes;
+    } else if (gone) {
+      total -= s.bytes;
+    }
+  }
+  return removed;
+}
+
+int DiskCache::prune(int64_t max_bytes) {
+  if (!usable_) return 0;
+  return evict_to(std::max<int64_t>(max_bytes, 0), std::string());
+}
+
+// Removes every entry (ours or not: the user asked for it, and the tree is ours), the
+// quarantine, and the lock files. Removing a lock file another process holds only risks one
+// duplicate compile, never a bad entry.
+int DiskCache::clear() {
+  if (!usable_) return 0;
+  int removed = 0;
+  for (const auto& s : scan()) {
+    bool gone = false;
+    if (remove_entry(s.path, &gone)) ++removed;
+  }
+  for (const char* sub : {"/v1/quarantine", "/v1/locks"}) {
+    std::string dir = root_ + sub;
+    for (const auto& name : names_in(dir)) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir + "/" + name, ec);
+    }
+  }
+  return removed;
+}
+
+}  // namespace moejit

@@ -1,0 +1,233 @@
+// The `moejit` command: dump-source, compile, cache, info.
+// Exit codes: 0 success, 2 bad input (one line saying what to change), 1 any other failure.
+#include <cstdio>
+#include <iostream>
+#include <limits>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "cache/kernel_cache.h"
+#include "cli/config_options.h"
+#include "compiler/codegen.h"
+#include "compiler/error.h"
+#include "compiler/knobs.h"
+#include "compiler/layer_compiler.h"
+#include "compiler/nvrtc_compiler.h"
+#include "compiler/version.h"
+#include "runtime/cuda_driver.h"
+
+namespace moejit::cli {
+namespace {
+
+constexpr int64_t kDefaultPlanTokens = 4096;
+
+// "512M", "2G", "1048576" -> bytes.
+int64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  std::string suffix = used ? text.substr(used) : "";
+  int64_t unit = 1;
+  if (suffix == "K" || suffix == "KiB") unit = 1 << 10;
+  else if (suffix == "M" || suffix == "MiB") unit = 1 << 20;
+  else if (suffix == "G" || suffix == "GiB") unit = int64_t{1} << 30;
+  else if (!suffix.empty()) used = 0;
+  if (!used || value < 0)
+    throw InvalidInput(fmt::format("--max-size: '{}' is not a size; use bytes or a number with K, M or G", text));
+  return static_cast<int64_t>(value * static_cast<double>(unit));
+}
+
+std::string human_bytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.1f} GiB", bytes / double(int64_t{1} << 30));
+  if (bytes >= (1 << 20)) return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
+  if (bytes >= (1 << 10)) return fmt::format("{:.1f} KiB", bytes / double(1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+std::string resolve_arch(const std::string& requested) {
+  std::string arch = requested.empty() ? default_arch() : requested;
+  check_arch(arch);
+  return arch;
+}
+
+void dump_source(const ConfigOptions& inputs, const std::string& arch_flag, const std::string& stage_name,
+                 bool with_plan, bool with_ptx, int64_t max_tokens) {
+  MoeConfig config = inputs.resolve();
+  std::string arch = resolve_arch(arch_flag);
+  Plan plan = make_plan(config, arch);
+  std::optional<Stage> stage;
+  if (!stage_name.empty()) stage = parse_stage(stage_name);
+  if (with_plan) fmt::print("{}\n", describe(plan, max_tokens));
+  KernelSource source = generate(plan);
+  bool printed = false;
+  for (const auto& unit : source.units) {
+    if (stage && std::find(unit.stages.begin(), unit.stages.end(), *stage) == unit.stages.end()) continue;
+    printed = true;
+    fmt::print("// ===== unit {} =====\n{}", unit.name, unit.source);
+    if (with_ptx) {
+      CompileOptions options = compile_options_for(arch);
+      options.want_ptx = true;
+      fmt::print("// ===== ptx of unit {} =====\n{}\n", unit.name, compile_unit(unit, options).ptx);
+    }
+  }
+  if (!printed)
+    throw InvalidInput(fmt::format("stage: this layer has no '{}' stage (w8a8 adds 'expand')", stage_name));
+}
+
+void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool with_plan, int64_t max_tokens) {
+  MoeConfig config = inputs.resolve();
+  std::string arch = resolve_arch(arch_flag);
+  KernelCache& cache = global_cache();
+  if (with_plan) fmt::print("{}\n", describe(make_plan(config, arch), max_tokens));
+  CompiledLayer layer = compile_layer(config, arch, cache, [](const UnitResult& r, size_t done, size_t total) {
+    fmt::print("[{}/{}] {:<8} {:<6} {:7.3f} s  {} kernel(s)  key {}\n", done, total, r.unit, to_string(r.outcome),
+               r.seconds, r.binary->kernel_names.size(), r.key.substr(0, 16));
+    std::fflush(stdout);
+  });
+  int built = 0, hits = 0;
+  double compile_seconds = 0;
+  for (const auto& u : layer.units) {
+    if (u.outcome == CacheOutcome::Built) {
+      ++built;
+      compile_seconds += u.seconds;
+    } else {
+      ++hits;
+    }
+  }
+  fmt::print("kernels:\n");
+  for (const auto& k : layer.plan.kernels) fmt::print("  {:<8} {}\n", to_string(k.stage), k.entry);
+  fmt::print("compiled {} kernel(s) in {} unit(s) for {}: {} built ({:.3f} s of NVRTC), {} cache hit(s), "
+             "{:.3f} s wall\n",
+             layer.plan.kernels.size(), layer.units.size(), arch, built, compile_seconds, hits, layer.wall_seconds);
+  if (DiskCache* disk = cache.disk())
+    fmt::print("cache: {}\n", disk->root());
+  else
+    fmt::print("cache: memory only ({})\n", cache.warning());
+}
+
+DiskCache& require_disk() {
+  DiskCache* disk = global_cache().disk();
+  if (!disk) throw Error(fmt::format("the disk cache is not in use: {}", global_cache().warning()));
+  return *disk;
+}
+
+void info() {
+  fmt::print("moejit {} (generator {}, cache schema {})\n", kMoejitVersion, kGeneratorVersion, kCacheSchemaVersion);
+  fmt::print("NVRTC {}; archs: {}\n", nvrtc_version(), fmt::join(supported_archs(), " "));
+  const Knobs& k = knobs();
+  try {
+    fmt::print("CUDA home: {} (CCCL {})\n", k.cuda_home, cccl_version(k.cuda_home));
+  } catch (const Error& e) {
+    fmt::print("CUDA home: {} ({})\n", k.cuda_home, e.what());
+  }
+  std::string why;
+  if (auto device = query_device(0, &why))
+    fmt::print("device 0: {} (compute capability {}.{}, {} SMs, driver {}), arch {}\n", device->name,
+               device->cc_major, device->cc_minor, device->multiprocessors, device->driver_version,
+               arch_for(*device));
+  else
+    fmt::print("device: none ({}); compiling for {}\n", why, default_arch());
+  fmt::print("templates digest: {}\n", templates_digest());
+  fmt::print("environment:\n");
+  for (const auto& row : k.table()) fmt::print("  {:<24} = {:<28} {}\n", row[0], row[1], row[2]);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"moejit: JIT-compiled Mixture-of-Experts kernels"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", kMoejitVersion);
+
+  std::string arch;
+  bool with_plan = false, with_ptx = false;
+  std::string stage;
+  int64_t max_tokens = kDefaultPlanTokens;
+
+  auto* dump = app.add_subcommand("dump-source", "print the generated CUDA source (and the plan)");
+  ConfigOptions dump_inputs;
+  dump_inputs.add_to(*dump);
+  dump->add_option("--arch", arch, "target arch, e.g. sm_90a (default: the device's, else sm_90a)");
+  dump->add_option("--stage", stage, "only the unit holding this stage: routing, index, expand, gemm1, gemm2, combine");
+  dump->add_flag("--plan", with_plan, "print the plan first");
+  dump->add_flag("--ptx", with_ptx, "also compile and print the PTX");
+  dump->add_option("--max-tokens", max_tokens, "token count the printed workspace is sized for")->check(CLI::NonNegativeNumber);
+
+  auto* comp = app.add_subcommand("compile", "build every kernel of a layer into the cache");
+  ConfigOptions compile_inputs;
+  compile_inputs.add_to(*comp);
+  comp->add_option("--arch", arch, "target arch, e.g. sm_90a (default: the device's, else sm_90a)");
+  comp->add_flag("--plan", with_plan, "print the plan first");
+  comp->add_option("--max-tokens", max_tokens, "token count the printed workspace is sized for")->check(CLI::NonNegativeNumber);
+
+  auto* cache = app.add_subcommand("cache", "inspect and maintain the kernel cache");
+  cache->require_subcommand(1);
+  auto* cache_path = cache->add_subcommand("path", "print the cache root");
+  auto* cache_ls = cache->add_subcommand("ls", "list entries");
+  auto* cache_stats = cache->add_subcommand("stats", "entry count and size");
+  auto* cache_verify = cache->add_subcommand("verify", "check every entry's digest; quarantine bad ones");
+  auto* cache_clear = cache->add_subcommand("clear", "remove every entry");
+  auto* cache_prune = cache->add_subcommand("prune", "evict least-recently-used entries down to a size");
+  std::string max_size;
+  cache_prune->add_option("--max-size", max_size, "size to keep, e.g. 512M or 2G")->required();
+
+  auto* info_cmd = app.add_subcommand("info", "NVRTC, CUDA home, device and every MOEJIT_* knob");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string message = e.what();
+    fmt::print(stderr, "moejit: {}\n", message.substr(0, message.find('\n')));
+    return 2;
+  }
+
+  try {
+    if (dump->parsed()) {
+      dump_source(dump_inputs, arch, stage, with_plan, with_ptx, max_tokens);
+    } else if (comp->parsed()) {
+      compile(compile_inputs, arch, with_plan, max_tokens);
+    } else if (info_cmd->parsed()) {
+      info();
+    } else if (cache_path->parsed()) {
+      fmt::print("{}\n", knobs().cache_dir);
+    } else if (cache_ls->parsed()) {
+      for (const auto& e : require_disk().list())
+        fmt::print("{} {} {:>10} {}\n", e.arch, e.key, human_bytes(e.bytes), fmt::join(e.kernel_names, ","));
+    } else if (cache_stats->parsed()) {
+      DiskCache& disk = require_disk();
+      fmt::print("root: {}\nentries: {}\nsize: {}\n", disk.root(), disk.list().size(), human_bytes(disk.total_bytes()));
+    } else if (cache_verify->parsed()) {
+      DiskVerifyResult r = require_disk().verify();
+      fmt::print("checked {} entries, {} bad\n", r.checked, r.bad.size());
+      for (const auto& bad : r.bad) fmt::print("quarantined: {}\n", bad);
+      return r.bad.empty() ? 0 : 1;
+    } else if (cache_clear->parsed()) {
+      fmt::print("removed {} entries\n", require_disk().clear());
+    } else if (cache_prune->parsed()) {
+      int64_t bytes = parse_size(max_size);
+      fmt::print("evicted {} entries\n", require_disk().prune(bytes));
+    }
+  } catch (const InvalidInput& e) {
+    fmt::print(stderr, "moejit: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moejit: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace moejit::cli
+
+int main(int argc, char** argv) { return moejit::cli::run(argc, argv); }

@@ -1,0 +1,47 @@
+// Compiles every kernel of a layer: plan -> source -> (cache | NVRTC), units in parallel.
+// This is what `moejit compile` and a runtime at model load call; after it, nothing compiles.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/cache_key.h"
+#include "cache/kernel_cache.h"
+#include "compiler/codegen.h"
+#include "compiler/nvrtc_compiler.h"
+#include "compiler/plan.h"
+
+namespace moejit {
+
+struct UnitResult {
+  std::string unit;
+  std::string key;
+  std::shared_ptr<const CachedBinary> binary;
+  CacheOutcome outcome = CacheOutcome::Built;
+  double seconds = 0;  // time this request spent on the unit (compile, disk load or lookup)
+};
+
+struct CompiledLayer {
+  Plan plan;
+  KernelSource source;
+  std::vector<UnitResult> units;  // in source order
+  double wall_seconds = 0;
+};
+
+// Called once per unit as it finishes, from the compiling thread (calls are serialized).
+using UnitProgress = std::function<void(const UnitResult&, size_t done, size_t total)>;
+
+// Compile options for `arch` from knobs() (CUDA home, lineinfo, PCH, repro folder).
+CompileOptions compile_options_for(const std::string& arch);
+
+// The labeled fields of a unit's cache key (DESIGN.md decision 5), in a fixed order.
+CacheKeyBuilder unit_cache_key(const GeneratedUnit& unit, const CompileOptions& options);
+
+// Validates the config (InvalidInput), checks the arch (InvalidInput), then compiles or loads
+// every unit. A CompileError from any unit is rethrown after the others finish.
+CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, KernelCache& cache,
+                            const UnitProgress& progress = {});
+
+}  // namespace moejit

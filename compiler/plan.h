@@ -1,0 +1,117 @@
+// Plan: which kernels a layer needs, their compile-time parameters, tiles per token bucket and
+// launch rules. A pure, printable value computed from a MoeConfig and a target arch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "compiler/moe_config.h"
+
+namespace moejit {
+
+enum class Stage { Routing, Index, Expand, Gemm1, Gemm2, Combine };
+std::string_view to_string(Stage stage);
+// Throws InvalidInput listing the stage names.
+Stage parse_stage(std::string_view name);
+const std::vector<Stage>& all_stages();
+
+// How the runtime derives a kernel's grid from the token count T (block size is `threads`).
+enum class GridRule {
+  TokensPerBlock,     // ceil(T / per_block) blocks (routing: one warp a token)
+  PairsPerBlock,      // ceil(T*K / per_block) blocks (index count and scatter)
+  SingleBlock,        // 1 block (index scan)
+  SortedRows,         // T*K blocks, one per expert-sorted row; rows past the local count exit
+  RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (grouped GEMMs)
+  Tokens,             // T blocks (combine)
+};
+std::string_view to_string(GridRule rule);
+
+struct LaunchRule {
+  GridRule rule = GridRule::SingleBlock;
+  int threads = 0;
+  int64_t per_block = 1;  // tokens, pairs or columns per block, as the rule says
+};
+
+// One compile-time constant of a kernel's Spec struct, rendered by codegen as
+// `using name = value;` (is_type) or `static constexpr type name = value;`.
+struct SpecItem {
+  std::string type;   // "int", "bool", "float", or "using" for a type alias
+  std::string name;
+  std::string value;
+};
+
+struct KernelPlan {
+  Stage stage;
+  std::string entry;            // extern "C" name; spells the specialization
+  std::string unit;             // the translation unit that holds it
+  std::string device_function;  // template in templates/*.cuh, e.g. "moejit::route_tokens"
+  std::string args_type;        // e.g. "moejit::RouteArgs"
+  std::string header;           // "moejit/routing.cuh"
+  std::string spec_name;        // the Spec struct; kernels of one family may share one
+  std::vector<SpecItem> spec;
+  LaunchRule launch;
+};
+
+struct TileShape {
+  int bm = 0, bn = 0, bk = 0;
+};
+
+// A range of token counts that shares one GEMM tiling. GEMM 1 and 2 share the row tile height,
+// so one tile schedule (index_scan) serves both.
+struct TokenBucket {
+  std::string name;         // "decode", "mid", "prefill"
+  int64_t min_tokens = 1;   // inclusive
+  int64_t max_tokens = 0;   // inclusive; INT64_MAX for the last bucket
+  TileShape gemm1, gemm2;
+  std::string gemm1_entry, gemm2_entry;
+};
+
+struct Plan {
+  MoeConfig config;
+  std::string arch;
+  std::vector<TokenBucket> buckets;
+  std::vector<KernelPlan> kernels;  // in stage order; GEMMs once per distinct tiling
+
+  const TokenBucket& bucket_for(int64_t tokens) const;
+  const KernelPlan& kernel(std::string_view entry) const;
+  std::vector<std::string> unit_names() const;  // in first-use order
+};
+
+// Validates the config (InvalidInput) and plans every kernel. Deterministic.
+Plan make_plan(const MoeConfig& config, const std::string& arch);
+
+// The buckets and tiles for a config: a closed-form choice, no tuning table.
+std::vector<TokenBucket> plan_buckets(const MoeConfig& config);
+
+// Upper bound of GEMM row tiles for `tokens` tokens with row tile height `bm`:
+// sum_e ceil(count_e / bm) <= ceil(T*K / bm) + E_loc.
+int64_t max_row_tiles(const MoeConfig& config, int64_t tokens, int bm);
+
+constexpr int kPairsPerIndexBlock = 1024;
+
+// The workspace of one layer call, a pure function of (config, max_tokens) (DESIGN.md decision 6).
+struct WorkspaceBuffer {
+  std::string name;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  std::string what;
+};
+
+struct WorkspaceLayout {
+  int64_t max_tokens = 0;
+  int64_t total_bytes = 0;
+  std::vector<WorkspaceBuffer> buffers;
+
+  // Throws Error when the buffer is not part of this layout.
+  const WorkspaceBuffer& at(std::string_view name) const;
+};
+
+// Throws InvalidInput when max_tokens < 0 or the config is invalid.
+WorkspaceLayout plan_workspace(const MoeConfig& config, int64_t max_tokens);
+
+// Human-readable plan (buckets, kernels with launch rules, workspace for max_tokens).
+std::string describe(const Plan& plan, int64_t max_tokens);
+
+}  // namespace moejit

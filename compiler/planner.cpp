@@ -1,0 +1,422 @@
+// The planner: from a validated MoeConfig to the kernels of one layer, their Spec constants,
+// tiles per token bucket and launch rules. Everything here is a closed-form function of the
+// config, so the same config always gives the same plan and the same generated source.
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "compiler/error.h"
+#include "compiler/plan.h"
+
+namespace moejit {
+namespace {
+
+constexpr int kRouteWarps = 4;
+constexpr int kIndexScanThreads = 256;
+constexpr int kQuantizeThreads = 256;
+constexpr int kCombineThreads = 256;
+constexpr int kGemmThreads = 256;
+constexpr int64_t kWorkspaceAlign = 256;
+
+// Device type names as the templates spell them.
+std::string device_type(DType t) {
+  switch (t) {
+    case DType::BF16: return "__nv_bfloat16";
+    case DType::FP16: return "__half";
+    case DType::FP32: return "float";
+  }
+  return "?";
+}
+
+std::string boolean(bool v) { return v ? "true" : "false"; }
+
+// A float literal that NVRTC reads back as exactly the float nearest to `v`.
+std::string float_literal(double v) {
+  std::string s = fmt::format("{:.9g}", static_cast<float>(v));
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";  // "1f" would not be a float literal
+  return s + "f";
+}
+
+// "2.827" -> "2p827": a value spelled inside an identifier.
+std::string identifier_number(double v) {
+  std::string s = fmt::format("{:g}", v);
+  std::replace(s.begin(), s.end(), '.', 'p');
+  std::replace(s.begin(), s.end(), '-', 'm');
+  std::replace(s.begin(), s.end(), '+', '_');
+  return s;
+}
+
+std::string activation_tag(const MoeConfig& c) {
+  return fmt::format("{}{}", to_string(c.activation), c.gated ? "_gated" : "");
+}
+
+std::string act_kind(Activation a) {
+  switch (a) {
+    case Activation::Silu: return "moejit::kSilu";
+    case Activation::Gelu: return "moejit::kGelu";
+    case Activation::GeluTanh: return "moejit::kGeluTanh";
+  }
+  return "?";
+}
+
+std::string data_tag(const MoeConfig& c) {
+  return c.quant == Quant::W8A8Int8 ? fmt::format("w8a8_{}", to_string(c.dtype)) : std::string(to_string(c.dtype));
+}
+
+KernelPlan routing_kernel(const MoeConfig& c) {
+  const bool noaux = c.topk_method == TopkMethod::NoauxTc;
+  KernelPlan k;
+  k.stage = Stage::Routing;
+  k.entry = fmt::format("moejit_route_e{}_k{}", c.experts, c.topk);
+  if (c.num_expert_group > 1) k.entry += fmt::format("_g{}t{}", c.num_expert_group, c.topk_group);
+  k.entry += fmt::format("_{}_{}_{}", to_string(c.scoring), to_string(c.topk_method),
+                         c.renormalize ? "renorm" : "norenorm");
+  if (c.routed_scaling_factor != 1.0) k.entry += "_s" + identifier_number(c.routed_scaling_factor);
+  k.entry += fmt::format("_{}", to_string(c.router_dtype));
+  k.unit = "route";
+  k.device_function = "moejit::route_tokens";
+  k.args_type = "moejit::RouteArgs";
+  k.header = "moejit/routing.cuh";
+  k.spec = {
+      {"using", "Logit", device_type(c.router_dtype)},
+      {"int", "kExperts", std::to_string(c.experts)},
+      {"int", "kTopk", std::to_string(c.topk)},
+      {"int", "kGroups", std::to_string(c.num_expert_group)},
+      {"int", "kTopkGroup", std::to_string(c.topk_group)},
+      {"int", "kWarps", std::to_string(kRouteWarps)},
+      {"bool", "kSigmoid", boolean(c.scoring == Scoring::Sigmoid)},
+      {"bool", "kBias", boolean(noaux)},
+      {"bool", "kGroupTop2", boolean(noaux)},
+      {"bool", "kRenormalize", boolean(c.renormalize)},
+      {"float", "kScale", float_literal(c.routed_scaling_factor)},
+  };
+  k.launch = {GridRule::TokensPerBlock, kRouteWarps * 32, kRouteWarps};
+  return k;
+}
+
+std::vector<KernelPlan> index_kernels(const MoeConfig& c) {
+  std::vector<KernelPlan> out;
+  const std::vector<SpecItem> spec = {
+      {"int", "kLocalExperts", std::to_string(c.local_experts())},
+      {"int", "kPairsPerBlock", std::to_string(kPairsPerIndexBlock)},
+      {"int", "kScanThreads", std::to_string(kIndexScanThreads)},
+  };
+  struct Step {
+    const char* name;
+    LaunchRule launch;
+  };
+  const Step steps[] = {
+      {"count", {GridRule::PairsPerBlock, 32, kPairsPerIndexBlock}},
+      {"scan", {GridRule::SingleBlock, kIndexScanThreads, 1}},
+      {"scatter", {GridRule::PairsPerBlock, 32, kPairsPerIndexBlock}},
+  };
+  for (const auto& step : steps) {
+    KernelPlan k;
+    k.stage = Stage::Index;
+    k.entry = fmt::format("moejit_index_{}_e{}", step.name, c.local_experts());
+    k.unit = "route";
+    k.device_function = fmt::format("moejit::index_{}", step.name);
+    k.args_type = "moejit::IndexArgs";
+    k.header = "moejit/index.cuh";
+    k.spec_name = fmt::format("IndexSpec_e{}", c.local_experts());
+    k.spec = spec;
+    k.launch = step.launch;
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+// w8a8 only: stage 3 (gather + smooth + quantize hidden) and the re-quantization of GEMM 1's
+// output. Both are per-row reductions, one kernel template.
+std::vector<KernelPlan> quantize_kernels(const MoeConfig& c) {
+  std::vector<KernelPlan> out;
+  auto make = [&](bool expand) {
+    KernelPlan k;
+    k.stage = expand ? Stage::Expand : Stage::Gemm1;
+    const int64_t cols = expand ? c.hidden : c.local_intermediate();
+    k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}_e{}_{}", cols, c.topk, c.local_experts(),
+                                   to_string(c.dtype))
+                     : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.local_experts());
+    k.unit = "route";
+    k.device_function = "moejit::quantize_rows";
+    k.args_type = "moejit::QuantizeArgs";
+    k.header = "moejit/quantize.cuh";
+    k.spec = {
+        {"using", "Src", expand ? device_type(c.dtype) : "float"},
+        {"int", "kCols", std::to_string(cols)},
+        {"int", "kThreads", std::to_string(kQuantizeThreads)},
+        {"int", "kTopk", std::to_string(c.topk)},
+        {"int", "kLocalExperts", std::to_string(c.local_experts())},
+        {"bool", "kGather", boolean(expand)},
+    };
+    k.launch = {GridRule::SortedRows, kQuantizeThreads, 1};
+    return k;
+  };
+  out.push_back(make(true));
+  out.push_back(make(false));
+  return out;
+}
+
+KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
+  const bool quant = c.quant == Quant::W8A8Int8;
+  const int64_t n = gemm1 ? c.local_intermediate() : c.hidden;
+  const int64_t k_len = gemm1 ? c.hidden : c.local_intermediate();
+  KernelPlan k;
+  k.stage = gemm1 ? Stage::Gemm1 : Stage::Gemm2;
+  k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.local_experts(), n,
+                        k_len, gemm1 ? "_" + activation_tag(c) : "", data_tag(c), to_string(c.weight_layout),
+                        tile.bm, tile.bn, tile.bk);
+  k.unit = "experts";
+  k.device_function = "moejit::grouped_gemm";
+  k.args_type = "moejit::GemmArgs";
+  k.header = "moejit/grouped_gemm.cuh";
+  // GEMM 1 reads hidden rows through the gather unless w8a8 quantized them into sorted order.
+  std::string a_type = quant ? "signed char" : device_type(c.dtype);
+  // w8a8 GEMM 1 stores fp32 for the re-quantization; everything else stores the model dtype.
+  std::string out_type = (quant && gemm1) ? "float" : device_type(c.dtype);
+  k.spec = {
+      {"using", "A", a_type},
+      {"using", "W", quant ? "signed char" : device_type(c.dtype)},
+      {"using", "Out", out_type},
+      {"using", "Acc", quant ? "int" : "float"},
+      {"int", "kBM", std::to_string(tile.bm)},
+      {"int", "kBN", std::to_string(tile.bn)},
+      {"int", "kBK", std::to_string(tile.bk)},
+      {"int", "kThreads", std::to_string(kGemmThreads)},
+      {"long long", "kN", std::to_string(n)},
+      {"long long", "kK", std::to_string(k_len)},
+      {"bool", "kGemm1", boolean(gemm1)},
+      {"bool", "kGated", boolean(gemm1 && c.gated)},
+      {"int", "kAct", act_kind(c.activation)},
+      {"bool", "kGather", boolean(gemm1 && !quant)},
+      {"int", "kTopk", std::to_string(c.topk)},
+      {"bool", "kLayoutNK", boolean(c.weight_layout == WeightLayout::NK)},
+      {"bool", "kQuant", boolean(quant)},
+  };
+  k.launch = {GridRule::RowTilesByColumns, kGemmThreads, tile.bn};
+  return k;
+}
+
+KernelPlan combine_kernel(const MoeConfig& c) {
+  KernelPlan k;
+  k.stage = Stage::Combine;
+  k.entry = fmt::format("moejit_combine_h{}_k{}_{}", c.hidden, c.topk, to_string(c.dtype));
+  k.unit = "combine";
+  k.device_function = "moejit::combine_tokens";
+  k.args_type = "moejit::CombineArgs";
+  k.header = "moejit/combine.cuh";
+  k.spec = {
+      {"using", "Y", device_type(c.dtype)},
+      {"using", "Out", device_type(c.dtype)},
+      {"int", "kHidden", std::to_string(c.hidden)},
+      {"int", "kTopk", std::to_string(c.topk)},
+      {"int", "kThreads", std::to_string(kCombineThreads)},
+  };
+  k.launch = {GridRule::Tokens, kCombineThreads, 1};
+  return k;
+}
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+std::string_view to_string(Stage stage) {
+  switch (stage) {
+    case Stage::Routing: return "routing";
+    case Stage::Index: return "index";
+    case Stage::Expand: return "expand";
+    case Stage::Gemm1: return "gemm1";
+    case Stage::Gemm2: return "gemm2";
+    case Stage::Combine: return "combine";
+  }
+  return "?";
+}
+
+const std::vector<Stage>& all_stages() {
+  static const std::vector<Stage> stages = {Stage::Routing, Stage::Index, Stage::Expand,
+                                            Stage::Gemm1,   Stage::Gemm2, Stage::Combine};
+  return stages;
+}
+
+Stage parse_stage(std::string_view name) {
+  for (Stage s : all_stages())
+    if (to_string(s) == name) return s;
+  throw InvalidInput(fmt::format(
+      "stage: '{}' is unknown; allowed values: routing, index, expand, gemm1, gemm2, combine", name));
+}
+
+std::string_view to_string(GridRule rule) {
+  switch (rule) {
+    case GridRule::TokensPerBlock: return "ceil(T / per_block) blocks";
+    case GridRule::PairsPerBlock: return "ceil(T*K / per_block) blocks";
+    case GridRule::SingleBlock: return "1 block";
+    case GridRule::SortedRows: return "T*K blocks (one per sorted row)";
+    case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";
+    case GridRule::Tokens: return "T blocks";
+  }
+  return "?";
+}
+
+std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
+  // Each bucket is tiled for a representative T: with uniform routing a local expert sees about
+  // T*K/E_loc rows, and the row tile is the power of two that covers that, 16 to 128, so decode
+  // wastes few padding rows and prefill reuses each weight tile across many rows.
+  struct Range {
+    const char* name;
+    int64_t min, max, representative;
+  };
+  const Range ranges[] = {{"decode", 1, 32, 16},
+                          {"mid", 33, 512, 256},
+                          {"prefill", 513, std::numeric_limits<int64_t>::max(), 4096}};
+  std::vector<TokenBucket> buckets;
+  for (const auto& r : ranges) {
+    const double rows = static_cast<double>(r.representative) * c.topk / c.local_experts();
+    int bm = 16;
+    while (bm < 128 && bm < rows) bm *= 2;
+    TokenBucket b;
+    b.name = r.name;
+    b.min_tokens = r.min;
+    b.max_tokens = r.max;
+    // Gated GEMM 1 keeps two accumulator sets, so it takes the narrower column tile.
+    b.gemm1 = {bm, 64, bm <= 32 ? 32 : 16};
+    b.gemm2 = {bm, bm >= 64 ? 128 : 64, bm <= 32 ? 32 : 16};
+    buckets.push_back(b);
+  }
+  return buckets;
+}
+
+int64_t max_row_tiles(const MoeConfig& c, int64_t tokens, int bm) {
+  const int64_t pairs = tokens * c.topk;
+  return (pairs + bm - 1) / bm + c.local_experts();
+}
+
+Plan make_plan(const MoeConfig& config, const std::string& arch) {
+  validate(config);
+  Plan plan;
+  plan.config = config;
+  plan.arch = arch;
+  plan.buckets = plan_buckets(config);
+  plan.kernels.push_back(routing_kernel(config));
+  for (auto& k : index_kernels(config)) plan.kernels.push_back(std::move(k));
+  const bool quant = config.quant == Quant::W8A8Int8;
+  std::vector<KernelPlan> quantize;
+  if (quant) quantize = quantize_kernels(config);
+  if (quant) plan.kernels.push_back(quantize[0]);
+  auto add_once = [&](KernelPlan k) {
+    for (const auto& existing : plan.kernels)
+      if (existing.entry == k.entry) return;
+    plan.kernels.push_back(std::move(k));
+  };
+  for (auto& b : plan.buckets) {
+    KernelPlan g1 = gemm_kernel(config, true, b.gemm1);
+    b.gemm1_entry = g1.entry;
+    add_once(std::move(g1));
+  }
+  if (quant) plan.kernels.push_back(quantize[1]);
+  for (auto& b : plan.buckets) {
+    KernelPlan g2 = gemm_kernel(config, false, b.gemm2);
+    b.gemm2_entry = g2.entry;
+    add_once(std::move(g2));
+  }
+  plan.kernels.push_back(combine_kernel(config));
+  for (auto& k : plan.kernels)
+    if (k.spec_name.empty()) k.spec_name = "Spec_" + k.entry.substr(std::string("moejit_").size());
+  return plan;
+}
+
+const TokenBucket& Plan::bucket_for(int64_t tokens) const {
+  for (const auto& b : buckets)
+    if (tokens <= b.max_tokens) return b;
+  return buckets.back();
+}
+
+const KernelPlan& Plan::kernel(std::string_view entry) const {
+  for (const auto& k : kernels)
+    if (k.entry == entry) return k;
+  throw Error(fmt::format("moejit internal error: the plan has no kernel named {}", entry));
+}
+
+std::vector<std::string> Plan::unit_names() const {
+  std::vector<std::string> names;
+  for (const auto& k : kernels)
+    if (std::find(names.begin(), names.end(), k.unit) == names.end()) names.push_back(k.unit);
+  return names;
+}
+
+const WorkspaceBuffer& WorkspaceLayout::at(std::string_view name) const {
+  for (const auto& b : buffers)
+    if (b.name == name) return b;
+  throw Error(fmt::format("moejit internal error: the workspace has no buffer named {}", name));
+}
+
+WorkspaceLayout plan_workspace(const MoeConfig& c, int64_t max_tokens) {
+  validate(c);
+  if (max_tokens < 0)
+    throw InvalidInput(fmt::format("max_tokens: {} is out of range; allowed >= 0", max_tokens));
+  WorkspaceLayout layout;
+  layout.max_tokens = max_tokens;
+  const int64_t pairs = max_tokens * c.topk;
+  const int64_t e_loc = c.local_experts();
+  const int64_t inter = c.local_intermediate();
+  const int64_t elem = dtype_bytes(c.dtype);
+  int min_bm = 128;
+  for (const auto& b : plan_buckets(c)) min_bm = std::min(min_bm, b.gemm1.bm);
+  const int64_t tiles = max_row_tiles(c, max_tokens, min_bm);
+  const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
+
+  auto add = [&](std::string name, int64_t bytes, std::string what) {
+    WorkspaceBuffer b{std::move(name), layout.total_bytes, bytes, std::move(what)};
+    layout.total_bytes = align_up(layout.total_bytes + bytes, kWorkspaceAlign);
+    layout.buffers.push_back(std::move(b));
+  };
+  add("topk_weights", pairs * 4, "[T, K] fp32");
+  add("topk_ids", pairs * 4, "[T, K] int32");
+  add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K/1024), E_loc] int32");
+  add("expert_counts", e_loc * 4, "[E_loc] int32");
+  add("expert_offsets", (e_loc + 1) * 4, "[E_loc + 1] int32");
+  add("sorted_pair", pairs * 4, "[T*K] int32");
+  add("pair_pos", pairs * 4, "[T*K] int32");
+  add("tile_expert", tiles * 4, "[max_row_tiles] int32");
+  add("tile_row", tiles * 4, "[max_row_tiles] int32");
+  add("num_tiles", 4, "[1] int32");
+  if (c.quant == Quant::W8A8Int8) {
+    add("a_q", pairs * c.hidden, "[T*K, H] int8");
+    add("a_scale", pairs * 4, "[T*K] fp32");
+    add("act_f32", pairs * inter * 4, "[T*K, I] fp32");
+    add("act_q", pairs * inter, "[T*K, I] int8");
+    add("act_scale", pairs * 4, "[T*K] fp32");
+  } else {
+    add("act", pairs * inter * elem, fmt::format("[T*K, I] {}", to_string(c.dtype)));
+  }
+  add("y", pairs * c.hidden * elem, fmt::format("[T*K, H] {}", to_string(c.dtype)));
+  return layout;
+}
+
+std::string describe(const Plan& plan, int64_t max_tokens) {
+  const MoeConfig& c = plan.config;
+  std::string out = fmt::format("plan for arch {}: E={} K={} E_loc={} (first local expert {}) H={} I={} {}{}\n",
+                                plan.arch, c.experts, c.topk, c.local_experts(), c.first_local_expert(), c.hidden,
+                                c.local_intermediate(), data_tag(c),
+                                c.tp_size > 1 ? fmt::format(" (tp {}/{})", c.tp_rank, c.tp_size) : "");
+  out += "token buckets:\n";
+  for (const auto& b : plan.buckets) {
+    std::string range = b.max_tokens == std::numeric_limits<int64_t>::max()
+                            ? fmt::format("T >= {}", b.min_tokens)
+                            : fmt::format("{} <= T <= {}", b.min_tokens, b.max_tokens);
+    out += fmt::format("  {:<8} {:<18} gemm1 tile {}x{}x{}  gemm2 tile {}x{}x{}\n", b.name, range, b.gemm1.bm,
+                       b.gemm1.bn, b.gemm1.bk, b.gemm2.bm, b.gemm2.bn, b.gemm2.bk);
+  }
+  out += "kernels:\n";
+  for (const auto& k : plan.kernels)
+    out += fmt::format("  {:<8} {:<8} {}  [{} threads, {}{}]\n", to_string(k.stage), k.unit, k.entry,
+                       k.launch.threads, to_string(k.launch.rule),
+                       k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "");
+  WorkspaceLayout ws = plan_workspace(c, max_tokens);
+  out += fmt::format("workspace for max_tokens {}: {} bytes\n", max_tokens, ws.total_bytes);
+  for (const auto& b : ws.buffers)
+    out += fmt::format("  {:<15} offset {:>12}  bytes {:>12}  {}\n", b.name, b.offset, b.bytes, b.what);
+  return out;
+}
+
+}  // namespace moejit

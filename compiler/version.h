@@ -1,0 +1,18 @@
+// Versions that are part of every cache key.
+#pragma once
+
+namespace moejit {
+
+#ifndef MOEJIT_VERSION
+#define MOEJIT_VERSION "0.1.0"
+#endif
+inline constexpr const char* kMoejitVersion = MOEJIT_VERSION;
+
+// Bump when codegen or the templates change what a given plan compiles to in a way the
+// source text does not show (the source and the header digest are in the key already).
+inline constexpr const char* kGeneratorVersion = "1";
+
+// Bump when the disk layout or meta.json changes.
+inline constexpr const char* kCacheSchemaVersion = "v1";
+
+}  // namespace moejit

@@ -1,0 +1,72 @@
+// Kernel arguments, one plain struct per stage. No CUDA keywords here: the host runtime includes
+// this file too, so the layout the launcher packs is the layout the kernel reads.
+// Pointers to tensors whose dtype is a compile-time parameter are void*; the kernel casts.
+#pragma once
+
+namespace moejit {
+
+// Stage 1: router logits -> top-k weights and ids.
+struct RouteArgs {
+  const void* logits;        // [T, E], dtype RouteSpec::Logit
+  const float* bias;         // [E] e_score_correction_bias (noaux_tc only; else null)
+  float* topk_weights;       // [T, K]
+  int* topk_ids;             // [T, K]
+  long long tokens;          // T
+};
+
+// Stage 2: counting sort of the T*K (token, slot) pairs by local expert.
+struct IndexArgs {
+  const int* topk_ids;       // [T*K] flat
+  long long pairs;           // M = T*K
+  int expert_begin;          // s = ep_rank * E_loc: the first local expert (run-time, so every
+                             // rank of an expert-parallel group shares one binary)
+  int tile_rows;             // rows per GEMM tile (BM of the token bucket in use)
+  int* block_counts;         // [ceil(M / PAIRS_PER_BLOCK), E_loc]: per-block counts, then prefixes
+  int* expert_counts;        // [E_loc]
+  int* expert_offsets;       // [E_loc + 1]: exclusive prefix; [E_loc] = local pairs
+  int* sorted_pair;          // [M] position p -> flat pair f (dst_to_src)
+  int* pair_pos;             // [M] flat pair f -> position p, or -1 when the expert is not local
+  int* tile_expert;          // [max_tiles] local expert of each GEMM row tile
+  int* tile_row;             // [max_tiles] first sorted position of each tile
+  int* num_tiles;            // [1]
+};
+
+// Stage 3 (w8a8) and the re-quantization after GEMM 1: per-row smoothed int8 quantization.
+struct QuantizeArgs {
+  const void* src;           // expand: hidden [T, H] (model dtype); requant: act [M, I] fp32
+  const int* sorted_pair;    // [M]
+  const int* topk_ids;       // [T*K] (the global expert of each row)
+  const int* expert_offsets; // [E_loc + 1] (rows beyond [E_loc] are not local)
+  int expert_begin;
+  const float* smooth;       // expand: input_smooth [E, H]; requant: act_smooth [E_loc, I]
+  signed char* q;            // [M, cols]
+  float* scale;              // [M]
+};
+
+// Stages 4 and 5: grouped GEMM over expert-sorted rows.
+struct GemmArgs {
+  const void* a;             // GEMM 1: hidden [T, H] (rows gathered) or int8 [M, H];
+                             // GEMM 2: act [M, I] (model dtype) or int8 [M, I]
+  const float* a_scale;      // w8a8: [M] per-row activation scale
+  const int* sorted_pair;    // [M]: the gather of GEMM 1
+  const void* w;             // [E_loc, N, K] (layout nk) or [E_loc, K, N] (layout kn)
+  const float* w_scale;      // w8a8: [E_loc, N] per output channel
+  const float* act_smooth;   // w8a8 GEMM 1: [E_loc, I], applied before re-quantization
+  void* out;                 // GEMM 1: act [M, I]; GEMM 2: Y [M, H]
+  const int* tile_expert;
+  const int* tile_row;
+  const int* num_tiles;
+  const int* expert_offsets;
+};
+
+// Stage 6: weighted top-k sum in a fixed order.
+struct CombineArgs {
+  const void* y;             // [M, H], GEMM 2 output in expert-sorted order
+  const float* topk_weights; // [T, K]
+  const int* pair_pos;       // [T*K]
+  const void* residual;      // [T, H] or null
+  void* out;                 // [T, H]
+  long long tokens;
+};
+
+}  // namespace moejit

@@ -1,0 +1,67 @@
+// Device helpers shared by every stage: element conversion, sanitizing, activations.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda/std/type_traits>
+
+#include "moejit/args.cuh"
+
+namespace moejit {
+
+enum ActivationKind { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
+
+constexpr float kFloatMax = 3.402823466e+38f;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(signed char v) { return static_cast<float>(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// An operand as the accumulator type: int8 stays integer (exact int32 products), others go to fp32.
+template <typename Acc, typename T>
+__device__ __forceinline__ Acc to_acc(T v) {
+  if constexpr (::cuda::std::is_integral_v<Acc>) {
+    return static_cast<Acc>(v);
+  } else {
+    return to_float(v);
+  }
+}
+
+// SPEC.md stage 1: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX, so every later step
+// works on finite numbers whatever the caller's logits hold.
+__device__ __forceinline__ float sanitize(float x) {
+  if (x != x) return -kFloatMax;
+  return fminf(fmaxf(x, -kFloatMax), kFloatMax);
+}
+
+template <int ACT>
+__device__ __forceinline__ float activate(float x) {
+  if constexpr (ACT == kSilu) {
+    return x / (1.0f + expf(-x));
+  } else if constexpr (ACT == kGelu) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  } else {
+    const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+  }
+}
+
+__device__ __forceinline__ unsigned lanemask_lt() {
+  unsigned mask;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
+  return mask;
+}
+
+}  // namespace moejit
