@@ -70,6 +70,9 @@ KernelSource generate(const Plan& plan) {
         out.stages.push_back(k.stage);
       out.entries.push_back(k.entry);
     }
+    // Templates that include CUB (see their #include lines).
+    for (const char* heavy : {"moejit/index.cuh", "moejit/quantize.cuh"})
+      if (std::find(headers.begin(), headers.end(), heavy) != headers.end()) out.includes_cub = true;
     std::string text = header_comment(plan, unit) + "\n";
     for (const auto& h : headers) text += fmt::format("#include \"{}\"\n", h);
     text += "\nnamespace moejit_generated {\n";

@@ -11,10 +11,13 @@
 namespace moejit {
 
 struct GeneratedUnit {
-  std::string name;                  // "route", "experts", "combine"
+  std::string name;                  // "routing", "index", "quantize", "experts", "combine"
   std::string source;                // the whole translation unit
   std::vector<std::string> entries;  // extern "C" kernels it defines
   std::vector<Stage> stages;         // stages it serves, in plan order
+  // Includes CUB, whose headers take NVRTC most of a second and more; the layer compiler starts
+  // such units first so the light ones fill the other threads meanwhile.
+  bool includes_cub = false;
 };
 
 struct KernelSource {

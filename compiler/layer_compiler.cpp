@@ -50,13 +50,19 @@ CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, Ke
 
   const size_t total = layer.source.units.size();
   layer.units.resize(total);
+  // Longest first: units that include CUB start before the light ones.
+  std::vector<size_t> order(total);
+  for (size_t i = 0; i < total; ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t i) { return layer.source.units[i].includes_cub; });
   std::vector<std::exception_ptr> errors(total);
   std::atomic<size_t> next{0};
   std::mutex progress_mutex;
   size_t done = 0;
 
   auto worker = [&] {
-    for (size_t i = next++; i < total; i = next++) {
+    for (size_t n = next++; n < total; n = next++) {
+      const size_t i = order[n];
       const GeneratedUnit& unit = layer.source.units[i];
       UnitResult& result = layer.units[i];
       result.unit = unit.name;

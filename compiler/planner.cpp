@@ -74,7 +74,7 @@ KernelPlan routing_kernel(const MoeConfig& c) {
                          c.renormalize ? "renorm" : "norenorm");
   if (c.routed_scaling_factor != 1.0) k.entry += "_s" + identifier_number(c.routed_scaling_factor);
   k.entry += fmt::format("_{}", to_string(c.router_dtype));
-  k.unit = "route";
+  k.unit = "routing";
   k.device_function = "moejit::route_tokens";
   k.args_type = "moejit::RouteArgs";
   k.header = "moejit/routing.cuh";
@@ -115,7 +115,7 @@ std::vector<KernelPlan> index_kernels(const MoeConfig& c) {
     KernelPlan k;
     k.stage = Stage::Index;
     k.entry = fmt::format("moejit_index_{}_e{}", step.name, c.local_experts());
-    k.unit = "route";
+    k.unit = "index";
     k.device_function = fmt::format("moejit::index_{}", step.name);
     k.args_type = "moejit::IndexArgs";
     k.header = "moejit/index.cuh";
@@ -138,7 +138,7 @@ std::vector<KernelPlan> quantize_kernels(const MoeConfig& c) {
     k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}_e{}_{}", cols, c.topk, c.local_experts(),
                                    to_string(c.dtype))
                      : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.local_experts());
-    k.unit = "route";
+    k.unit = "quantize";
     k.device_function = "moejit::quantize_rows";
     k.args_type = "moejit::QuantizeArgs";
     k.header = "moejit/quantize.cuh";

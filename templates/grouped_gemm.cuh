@@ -70,7 +70,7 @@ __device__ void grouped_gemm(const GemmArgs& args) {
       const int m = idx / BK, k = idx % BK;
       const long long src = a_row[m];
       Acc v = Acc(0);
-      if (src >= 0 && k0 + k < K) v = to_acc<Acc>(a[src * K + k0 + k]);
+      if (src >= 0 && k0 + k < K) v = widen(a[src * K + k0 + k]);
       a_tile[k][m] = v;
     }
     // W tiles: gate rows n (and up rows N + n).
@@ -89,7 +89,7 @@ __device__ void grouped_gemm(const GemmArgs& args) {
         if (n0 + n < N && k0 + k < K) {
           const long long wrow = row_base + n0 + n;
           const long long at = Spec::kLayoutNK ? wrow * K + (k0 + k) : (k0 + k) * W_ROWS + wrow;
-          v = to_acc<Acc>(w[at]);
+          v = widen(w[at]);
         }
         w_tile[half][k][n] = v;
       }

@@ -1,4 +1,7 @@
 // Stage 1: routing (SPEC.md). One warp per token; the token's scores live in shared memory.
+// NOTES: the warp reductions here are xor-butterfly shuffles rather than cub::WarpReduce: CUB's
+// headers cost NVRTC about 1.2 s per unit, which would dominate the layer's compile, and a
+// butterfly gives every lane the same, run-to-run identical result (fp add is commutative).
 //
 // Spec is a struct of compile-time constants written by codegen:
 //   using Logit;                 // router logit element type
@@ -6,9 +9,6 @@
 //   kSigmoid (else softmax), kBias (noaux_tc: q = p + bias), kGroupTop2 (group score = sum of the
 //   two best, noaux_tc; else the best), kRenormalize, kScale (routed_scaling_factor)
 #pragma once
-
-#include <cub/warp/warp_reduce.cuh>
-#include <cuda/std/limits>
 
 #include "moejit/common.cuh"
 
@@ -30,24 +30,33 @@ struct BetterOf {
   }
 };
 
-constexpr float kTaken = -::cuda::std::numeric_limits<float>::infinity();
+// The score of a taken or excluded entry: -inf, below every (finite, sanitized) real score.
+__device__ __forceinline__ float taken() { return __int_as_float(0xff800000u); }
 
-template <typename Spec>
-struct RouteWarp {
-  using Reduce = cub::WarpReduce<float>;
-  using ArgReduce = cub::WarpReduce<ScoredIndex>;
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
 
-  // The best entry of scores[0, n), ties to the lower index; the result is in every lane.
-  static __device__ ScoredIndex argmax(const float* scores, int n, int lane,
-                                       typename ArgReduce::TempStorage& temp) {
-    ScoredIndex best{kTaken, 0x7fffffff};
-    for (int i = lane; i < n; i += 32) best = BetterOf()(best, ScoredIndex{scores[i], i});
-    best = ArgReduce(temp).Reduce(best, BetterOf());
-    best.score = __shfl_sync(0xffffffffu, best.score, 0);
-    best.index = __shfl_sync(0xffffffffu, best.index, 0);
-    return best;
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The best entry of scores[0, n), ties to the lower index; the same result in every lane.
+__device__ __forceinline__ ScoredIndex warp_argmax(const float* scores, int n, int lane) {
+  ScoredIndex best{taken(), 0x7fffffff};
+  for (int i = lane; i < n; i += 32) best = BetterOf()(best, ScoredIndex{scores[i], i});
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    ScoredIndex other{__shfl_xor_sync(0xffffffffu, best.score, offset),
+                      __shfl_xor_sync(0xffffffffu, best.index, offset)};
+    best = BetterOf()(best, other);
   }
-};
+  return best;
+}
 
 template <typename Spec>
 __device__ void route_tokens(const RouteArgs& args) {
@@ -55,13 +64,10 @@ __device__ void route_tokens(const RouteArgs& args) {
   constexpr int K = Spec::kTopk;
   constexpr int G = Spec::kGroups;
   constexpr int GROUP_SIZE = E / G;
-  using Warp = RouteWarp<Spec>;
 
   __shared__ float prob_smem[Spec::kWarps][E];   // p: the unbiased scores
   __shared__ float score_smem[Spec::kWarps][E];  // q: the selection scores, then marks
   __shared__ float group_smem[Spec::kWarps][G];
-  __shared__ typename Warp::Reduce::TempStorage reduce_temp[Spec::kWarps];
-  __shared__ typename Warp::ArgReduce::TempStorage arg_temp[Spec::kWarps];
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -81,16 +87,13 @@ __device__ void route_tokens(const RouteArgs& args) {
       p[e] = sanitize(to_float(logits[e]));
       row_max = fmaxf(row_max, p[e]);
     }
-    row_max = Warp::Reduce(reduce_temp[warp]).Reduce(row_max, ::cuda::maximum<>{});
-    row_max = __shfl_sync(0xffffffffu, row_max, 0);
+    row_max = warp_max(row_max);
     float sum = 0.0f;
     for (int e = lane; e < E; e += 32) {
       p[e] = expf(p[e] - row_max);
       sum += p[e];
     }
-    __syncwarp();
-    sum = Warp::Reduce(reduce_temp[warp]).Sum(sum);
-    sum = __shfl_sync(0xffffffffu, sum, 0);  // >= 1: the max term is exp(0)
+    sum = warp_sum(sum);  // >= 1: the max term is exp(0)
     for (int e = lane; e < E; e += 32) p[e] /= sum;
   }
   for (int e = lane; e < E; e += 32) {
@@ -120,13 +123,13 @@ __device__ void route_tokens(const RouteArgs& args) {
     __syncwarp();
     // Mark kept groups as taken (-inf) in group_score; the ones left finite are excluded.
     for (int r = 0; r < Spec::kTopkGroup; ++r) {
-      ScoredIndex best = Warp::argmax(group_score, G, lane, arg_temp[warp]);
+      ScoredIndex best = warp_argmax(group_score, G, lane);
       __syncwarp();
-      if (lane == 0) group_score[best.index] = kTaken;
+      if (lane == 0) group_score[best.index] = taken();
       __syncwarp();
     }
     for (int e = lane; e < E; e += 32)
-      if (group_score[e / GROUP_SIZE] != kTaken) q[e] = kTaken;
+      if (group_score[e / GROUP_SIZE] != taken()) q[e] = taken();
     __syncwarp();
   }
 
@@ -136,9 +139,9 @@ __device__ void route_tokens(const RouteArgs& args) {
   float weight_sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < K; ++j) {
-    ScoredIndex best = Warp::argmax(q, E, lane, arg_temp[warp]);
+    ScoredIndex best = warp_argmax(q, E, lane);
     __syncwarp();
-    if (lane == 0) q[best.index] = kTaken;
+    if (lane == 0) q[best.index] = taken();
     __syncwarp();
     ids[j] = best.index;
     weight[j] = p[best.index];
