@@ -6,7 +6,7 @@
 //   tmp/<key>.XXXXXX                 a publish in progress (or one whose process died)
 //   tmp/evict.<key>.<pid>.<n>        an entry being deleted (moved here first, then removed)
 //   quarantine/<key>.<pid>.<n>       entries that failed verification, kept for inspection
-//   locks/<key>.lock                 flock(2) files; never deleted while entries exist
+//   locks/<key>.lock                 flock(2) files; only clear() deletes them
 //
 // LRU stamp: the entry folder's mtime. Publish and every successful load set it to the current
 // time (taken from the clock, with nanoseconds, not UTIME_NOW, whose coarse kernel clock can give
@@ -26,10 +26,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -196,7 +196,7 @@ FileState read_file(int dirfd, const char* name, std::string* out) {
   if (fd.get() < 0) return errno == ENOENT ? FileState::Missing : FileState::Unreadable;
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return FileState::Unreadable;
-
+  if (!trusted(st)) return FileState::Refused;
   out->clear();
   out->reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
@@ -373,7 +373,7 @@ void DiskCache::sweep_tmp() {
     std::string path = tmp + "/" + name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
-
+    if (st.st_mtim.tv_sec >= cutoff) continue;
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }

@@ -30,7 +30,10 @@ struct KernelCache::InFlight {
 };
 
 KernelCache::KernelCache(const CacheOptions& options) {
-  if (!options.use_disk) return;
+  if (!options.use_disk) {
+    warning_ = "moejit: the disk cache is off (MOEJIT_DISK_CACHE=0); keeping binaries in memory only";
+    return;
+  }
   disk_ = std::make_unique<DiskCache>(options.root, options.max_bytes);
   if (!disk_->usable())
     warning_ = fmt::format("moejit: {}; keeping binaries in memory only", disk_->reason());
@@ -49,7 +52,7 @@ std::shared_ptr<const CachedBinary> KernelCache::get_or_build(
     }
     // Another thread is resolving this key: wait for its result (served from memory, so the
     // outcome is MemoryHit) or its exception.
-    if (auto it = in_flight_.find(id); false && it != in_flight_.end()) {
+    if (auto it = in_flight_.find(id); it != in_flight_.end()) {
       std::shared_ptr<InFlight> other = it->second;
       other->cv.wait(lock, [&] { return other->done; });
       if (other->error) std::rethrow_exception(other->error);
@@ -98,7 +101,7 @@ std::shared_ptr<const CachedBinary> KernelCache::resolve(const std::string& arch
   // the same key, then finds the entry on its re-check. Without the lock (null: it could not be
   // taken) both build and the publish race picks one entry; the result is the same.
   std::unique_ptr<DiskLock> held = d ? d->lock(arch, key) : nullptr;
-  if (false) {
+  if (held) {
     if (auto hit = d->load(arch, key)) {
       *outcome = CacheOutcome::DiskHit;
       return std::make_shared<const CachedBinary>(std::move(*hit));
@@ -134,7 +137,8 @@ KernelCache& global_cache() {
   static KernelCache* cache = [] {
     const Knobs& k = knobs();
     auto* c = new KernelCache(CacheOptions{k.cache_dir, k.cache_max_bytes, k.disk_cache});
-    if (!c->warning().empty()) fmt::print(stderr, "{}\n", c->warning());
+    // Warn when the disk was wanted but cannot be used; turning it off is no surprise.
+    if (k.disk_cache && !c->warning().empty()) fmt::print(stderr, "{}\n", c->warning());
     return c;
   }();
   return *cache;

@@ -16,6 +16,7 @@
 
 namespace moejit {
 
+// MemoryHit also covers a request that waited for another thread's build of the same key.
 enum class CacheOutcome { MemoryHit, DiskHit, Built };
 std::string_view to_string(CacheOutcome outcome);
 
@@ -37,7 +38,7 @@ class KernelCache {
                                                    CacheOutcome* outcome = nullptr);
 
   // The disk side (null when memory-only); `warning()` says why the disk is not used (empty when
-  // it is used, and when options.use_disk is false: the user asked for memory only).
+  // it is used).
   DiskCache* disk() { return disk_ && disk_->usable() ? disk_.get() : nullptr; }
   const std::string& warning() const { return warning_; }
 
@@ -56,7 +57,8 @@ class KernelCache {
   std::map<std::string, std::shared_ptr<InFlight>> in_flight_;
 };
 
-// The process-wide cache configured from knobs(); its disk warning is printed once to stderr.
+// The process-wide cache configured from knobs(); its disk warning is printed once to stderr
+// (not when MOEJIT_DISK_CACHE=0: the user asked for memory only).
 KernelCache& global_cache();
 
 }  // namespace moejit

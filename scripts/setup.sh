@@ -1,26 +1,45 @@
 #!/usr/bin/env bash
-# Installs what the build needs, by package name, where a package manager is there to do it.
-# On the GPU machine (no registry) the libraries are already in /usr/include: nothing to do.
+# Installs what the build needs, by Debian package name, when it is missing. A package counts as
+# present when the file it provides is there, however it got there: the GPU machine has these
+# libraries in /usr/include already and no package registry, so nothing is installed there.
 set -euo pipefail
 
-debian_packages=(cmake ninja-build g++ libfmt-dev libcli11-dev nlohmann-json3-dev libssl-dev libgtest-dev llvm-14-tools)
-
+# package : a file that shows it is present
+requirements=(
+  "cmake:$(command -v cmake || echo /usr/bin/cmake)"
+  "g++:$(command -v g++ || echo /usr/bin/g++)"
+  "libfmt-dev:/usr/include/fmt/format.h"
+  "libcli11-dev:/usr/include/CLI/CLI.hpp"
+  "nlohmann-json3-dev:/usr/include/nlohmann/json.hpp"
+  "libssl-dev:/usr/include/openssl/evp.h"
+  "libgtest-dev:/usr/include/gtest/gtest.h"
+  "llvm-14-tools:/usr/lib/llvm-14/bin/FileCheck"
+)
 missing=()
-if command -v dpkg-query >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  for p in "${debian_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
+for r in "${requirements[@]}"; do
+  package="${r%%:*}" file="${r#*:}"
+  [ -e "$file" ] || missing+=("$package")
+done
+# FileCheck from any LLVM will do.
+if [[ " ${missing[*]-} " == *" llvm-14-tools "* ]] && command -v FileCheck >/dev/null 2>&1; then
+  missing=("${missing[@]/llvm-14-tools}")
 fi
+missing=(${missing[@]+"${missing[@]}"})
 if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: missing ${missing[*]} and no apt-get to install them" >&2
+    exit 1
+  fi
   echo "setup: installing ${missing[*]}"
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+command -v ninja >/dev/null 2>&1 || echo "setup: ninja not found; building with make"
 
 cuda_home="${MOEJIT_CUDA_HOME:-${CUDA_HOME:-/usr/local/cuda}}"
-if [ ! -x "$cuda_home/bin/nvcc" ] && ! command -v nvcc >/dev/null 2>&1; then
-  echo "setup: no CUDA toolkit at $cuda_home; install CUDA 12.8+ and set CUDA_HOME" >&2
+if [ ! -e "$cuda_home/include/nvrtc.h" ]; then
+  echo "setup: no CUDA toolkit at $cuda_home (nvrtc.h missing); install CUDA 12.8+ and set CUDA_HOME" >&2
   exit 1
 fi

@@ -11,8 +11,8 @@
 //   moejit_cache_worker load <root> <arch> <key>
 //       prints "hit <cubin-bytes>" or "miss".
 //
-// --go-file F waits until F exists before starting, so a test can release several workers at
-// once. Exit status: 0 done, 1 the cache operation failed, 2 bad usage, 3 the go-file never came.
+// --go-file F prints "waiting" and waits until F exists before starting, so a test can release
+// several workers at once. Exit status: 0 done, 1 the cache operation failed, 2 bad usage, 3 the go-file never came.
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -86,8 +86,11 @@ bool parse(int argc, char** argv, Args* a) {
   return true;
 }
 
+// Says "waiting" (so the test knows this worker is ready), then waits for the go-file.
 bool wait_for_go(const std::string& path) {
   if (path.empty()) return true;
+  std::fputs("waiting\n", stdout);
+  std::fflush(stdout);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (::access(path.c_str(), F_OK) != 0) {
     if (std::chrono::steady_clock::now() > deadline) return false;

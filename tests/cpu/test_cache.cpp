@@ -292,7 +292,7 @@ TEST(KernelCache, MemoryOnlyWhenDiskIsOff) {
   TempDir tmp;
   KernelCache cache(CacheOptions{tmp.root(), 0, false});
   EXPECT_EQ(cache.disk(), nullptr);
-  EXPECT_TRUE(cache.warning().empty());  // the user asked for it: nothing to warn about
+  EXPECT_NE(cache.warning().find("keeping binaries in memory only"), std::string::npos) << cache.warning();
   std::string key = key_of("memory-only");
   CacheOutcome outcome{};
   cache.get_or_build("sm_90a", key, [&] { return make_binary("sm_90a", key); }, &outcome);
@@ -387,6 +387,42 @@ TEST(KernelCache, BuildForAnotherKeyIsAnError) {
   EXPECT_TRUE(cache.disk()->list().empty());
 }
 
+// A disk that starts failing after open (full, remounted read-only) is simulated by replacing
+// v1/tmp with a regular file, which fails for root too.
+TEST(KernelCache, PublishFailureWarnsOnceAndKeepsBinariesInMemory) {
+  TempDir tmp;
+  KernelCache cache(CacheOptions{tmp.root(), 0, true});
+  ASSERT_NE(cache.disk(), nullptr) << cache.warning();
+  std::string old_key = key_of("published before");
+  cache.get_or_build("sm_90a", old_key, [&] { return make_binary("sm_90a", old_key); });
+  cache.clear_memory();
+  fs::remove_all(tmp.root() + "/v1/tmp");
+  write_text(tmp.root() + "/v1/tmp", "in the way");
+
+  std::string error;
+  EXPECT_FALSE(cache.disk()->publish(make_binary("sm_90a", key_of("direct")), &error));
+  EXPECT_NE(error.find("v1/tmp"), std::string::npos) << error;
+
+  testing::internal::CaptureStderr();
+  CacheOutcome first{}, second{}, old{};
+  auto a = cache.get_or_build("sm_90a", key_of("a"), [&] { return make_binary("sm_90a", key_of("a")); }, &first);
+  auto b = cache.get_or_build("sm_90a", key_of("b"), [&] { return make_binary("sm_90a", key_of("b")); }, &second);
+  cache.get_or_build("sm_90a", old_key, [&] { return make_binary("sm_90a", old_key); }, &old);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(first, CacheOutcome::Built);
+  EXPECT_EQ(second, CacheOutcome::Built);
+  EXPECT_EQ(old, CacheOutcome::DiskHit);  // loads still work
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  size_t at = err.find("cannot publish");
+  EXPECT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find("cannot publish", at + 1), std::string::npos) << err;  // once
+  EXPECT_EQ(cache.disk()->list().size(), 1u);
+  CacheOutcome again{};
+  cache.get_or_build("sm_90a", key_of("a"), [&] { return make_binary("sm_90a", key_of("a")); }, &again);
+  EXPECT_EQ(again, CacheOutcome::MemoryHit);
+}
+
 // ---- other processes ------------------------------------------------------------------------
 
 // A started worker: its pid and the read end of its stdout.
@@ -416,7 +452,15 @@ Worker start_worker(const std::vector<std::string>& args) {
   return Worker{pid, pipefd[0]};
 }
 
-// Waits for the worker; returns its stdout, and its wait status in `*status`.
+// Reads the worker's "waiting" line: it is started and polls for its go-file.
+void wait_until_waiting(const Worker& w) {
+  std::string line;
+  char c;
+  while (::read(w.out, &c, 1) == 1 && c != '\n') line.push_back(c);
+  EXPECT_EQ(line, "waiting");
+}
+
+// Waits for the worker; returns the rest of its stdout, and its wait status in `*status`.
 std::string finish_worker(Worker w, int* status) {
   std::string out;
   char buf[4096];
@@ -437,7 +481,7 @@ TEST(DiskCacheProcesses, TwoPublishersRaceOnOneKey) {
   for (int i = 0; i < 2; ++i)
     workers.push_back(start_worker({"publish", tmp.root(), "sm_90a", key, std::to_string(4 << 20),
                                     "--slow-ms", "100", "--go-file", go}));
-  std::this_thread::sleep_for(100ms);
+  for (const auto& w : workers) wait_until_waiting(w);
   write_text(go, "go");
   // Make sure the race happened: both temp folders existed at one time.
   bool both_writing = false;
@@ -475,7 +519,7 @@ TEST(DiskCacheProcesses, TwoProcessesGetOrBuildOneKeyBuildOnce) {
   for (int i = 0; i < 2; ++i)
     workers.push_back(start_worker({"get_or_build", tmp.root(), "sm_90a", key, "100000",
                                     "--build-ms", "300", "--go-file", go}));
-  std::this_thread::sleep_for(100ms);
+  for (const auto& w : workers) wait_until_waiting(w);
   write_text(go, "go");
   std::vector<std::string> outs;
   for (auto& w : workers) {
@@ -819,19 +863,20 @@ TEST(DiskCache, ReadOnlyFilesystemFallsBackToMemory) {
   std::string key = key_of("erofs");
   int pipefd[2];
   ASSERT_EQ(::pipe(pipefd), 0);
+  // Everything the child needs is prepared before fork: the child only makes system calls.
+  std::string exe = MOEJIT_CACHE_WORKER, root = tmp.root();
+  const char* dir = tmp.path().c_str();
+  char* argv[] = {exe.data(), const_cast<char*>("get_or_build"), root.data(),
+                  const_cast<char*>("sm_90a"), key.data(), const_cast<char*>("1000"), nullptr};
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(pipefd[1], 1);
     ::close(pipefd[0]);
     ::close(pipefd[1]);
-    const char* dir = tmp.path().c_str();
     if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         ::mount(dir, dir, nullptr, MS_BIND, nullptr) != 0 ||
         ::mount(nullptr, dir, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
       ::_exit(77);
-    std::string exe = MOEJIT_CACHE_WORKER, root = tmp.root();
-    char* argv[] = {exe.data(), const_cast<char*>("get_or_build"), root.data(),
-                    const_cast<char*>("sm_90a"), key.data(), const_cast<char*>("1000"), nullptr};
     ::execv(argv[0], argv);
     ::_exit(127);
   }
