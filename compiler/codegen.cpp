@@ -70,9 +70,10 @@ KernelSource generate(const Plan& plan) {
         out.stages.push_back(k.stage);
       out.entries.push_back(k.entry);
     }
-    // Templates that include CUB (see their #include lines).
-    for (const char* heavy : {"moejit/index.cuh", "moejit/quantize.cuh"})
-      if (std::find(headers.begin(), headers.end(), heavy) != headers.end()) out.includes_cub = true;
+    // quantize.cuh is the template that includes CUB.
+    if (std::find(headers.begin(), headers.end(), "moejit/quantize.cuh") != headers.end()) out.cost_hint += 8;
+    for (const auto& k : plan.kernels)
+      if (k.unit == unit) out.cost_hint += (k.stage == Stage::Gemm1 || k.stage == Stage::Gemm2) ? 2 : 1;
     std::string text = header_comment(plan, unit) + "\n";
     for (const auto& h : headers) text += fmt::format("#include \"{}\"\n", h);
     text += "\nnamespace moejit_generated {\n";

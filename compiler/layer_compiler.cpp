@@ -50,11 +50,12 @@ CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, Ke
 
   const size_t total = layer.source.units.size();
   layer.units.resize(total);
-  // Longest first: units that include CUB start before the light ones.
+  // Longest first (by the codegen's estimate).
   std::vector<size_t> order(total);
   for (size_t i = 0; i < total; ++i) order[i] = i;
-  std::stable_partition(order.begin(), order.end(),
-                        [&](size_t i) { return layer.source.units[i].includes_cub; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return layer.source.units[a].cost_hint > layer.source.units[b].cost_hint;
+  });
   std::vector<std::exception_ptr> errors(total);
   std::atomic<size_t> next{0};
   std::mutex progress_mutex;

@@ -13,7 +13,6 @@ namespace moejit {
 namespace {
 
 constexpr int kRouteWarps = 4;
-constexpr int kIndexScanThreads = 256;
 constexpr int kQuantizeThreads = 256;
 constexpr int kCombineThreads = 256;
 constexpr int kGemmThreads = 256;
@@ -100,7 +99,6 @@ std::vector<KernelPlan> index_kernels(const MoeConfig& c) {
   const std::vector<SpecItem> spec = {
       {"int", "kLocalExperts", std::to_string(c.local_experts())},
       {"int", "kPairsPerBlock", std::to_string(kPairsPerIndexBlock)},
-      {"int", "kScanThreads", std::to_string(kIndexScanThreads)},
   };
   struct Step {
     const char* name;
@@ -108,7 +106,7 @@ std::vector<KernelPlan> index_kernels(const MoeConfig& c) {
   };
   const Step steps[] = {
       {"count", {GridRule::PairsPerBlock, 32, kPairsPerIndexBlock}},
-      {"scan", {GridRule::SingleBlock, kIndexScanThreads, 1}},
+      {"scan", {GridRule::SingleBlock, 32, 1}},
       {"scatter", {GridRule::PairsPerBlock, 32, kPairsPerIndexBlock}},
   };
   for (const auto& step : steps) {

@@ -2,17 +2,15 @@
 // on the device so a layer call never waits for the host (DESIGN.md decision 6).
 //
 //   index_count   one warp per block of kPairsPerBlock pairs: per-block expert counts
-//   index_scan    one block: per-expert prefix over blocks, expert offsets, GEMM row tiles
+//   index_scan    one warp: per-expert prefix over blocks, expert offsets, GEMM row tiles
 //   index_scatter one warp per block again: sorted_pair / pair_pos at stable positions
 //
 // Stability: a block walks its pairs in ascending f, 32 at a time; within 32 lanes the rank among
 // lanes with the same expert is a popcount of the lower lanes, so position order is f order and
 // the result is bitwise the same on every run.
 //
-// Spec: kLocalExperts, kPairsPerBlock (multiple of 32), kScanThreads.
+// Spec: kLocalExperts, kPairsPerBlock (multiple of 32).
 #pragma once
-
-#include <cub/block/block_scan.cuh>
 
 #include "moejit/common.cuh"
 
@@ -44,55 +42,65 @@ __device__ void index_count(const IndexArgs& args) {
   for (int e = lane; e < Spec::kLocalExperts; e += 32) out[e] = counts[e];
 }
 
+// Inclusive prefix sum across the 32 lanes (Hillis-Steele with shuffles).
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int up = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += up;
+  }
+  return v;
+}
+
+// One warp. NOTES: written with shuffles rather than cub::BlockScan because CUB's headers cost
+// NVRTC 1.2 s per unit, most of a layer's cold compile; a 32-lane scan over E_loc <= 1024
+// counts is a few instructions.
 template <typename Spec>
 __device__ void index_scan(const IndexArgs& args) {
   constexpr int E = Spec::kLocalExperts;
-  constexpr int THREADS = Spec::kScanThreads;
-  constexpr int ITEMS = (E + THREADS - 1) / THREADS;
-  using Scan = cub::BlockScan<int, THREADS>;
-  __shared__ typename Scan::TempStorage scan_temp;
+  constexpr int CHUNK = (E + 31) / 32;  // experts owned by one lane for the offsets
+  __shared__ int count[E];
+  const int lane = threadIdx.x;
 
+  // Per expert: exclusive prefix of the block counts (in place, for index_scatter) and the total.
   const long long blocks = (args.pairs + Spec::kPairsPerBlock - 1) / Spec::kPairsPerBlock;
-  // Per expert: exclusive prefix of the block counts (in place) and the total.
-  int count[ITEMS];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int e = threadIdx.x * ITEMS + i;
+  for (int e = lane; e < E; e += 32) {
     int running = 0;
-    if (e < E) {
-      for (long long b = 0; b < blocks; ++b) {
-        int* c = args.block_counts + b * E + e;
-        const int here = *c;
-        *c = running;
-        running += here;
-      }
-      args.expert_counts[e] = running;
+    for (long long b = 0; b < blocks; ++b) {
+      int* c = args.block_counts + b * E + e;
+      const int here = *c;
+      *c = running;
+      running += here;
     }
-    count[i] = running;
+    count[e] = running;
+    args.expert_counts[e] = running;
   }
-  // Expert offsets, and the GEMM row tiles: tile t of expert e covers tile_rows sorted rows.
-  int offset[ITEMS];
-  int total = 0;
-  Scan(scan_temp).ExclusiveSum(count, offset, total);
-  __syncthreads();
-  int tiles[ITEMS], tile_offset[ITEMS];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) tiles[i] = (count[i] + args.tile_rows - 1) / args.tile_rows;
-  int total_tiles = 0;
-  Scan(scan_temp).ExclusiveSum(tiles, tile_offset, total_tiles);
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int e = threadIdx.x * ITEMS + i;
-    if (e >= E) continue;
-    args.expert_offsets[e] = offset[i];
-    for (int t = 0; t < tiles[i]; ++t) {
-      args.tile_expert[tile_offset[i] + t] = e;
-      args.tile_row[tile_offset[i] + t] = offset[i] + t * args.tile_rows;
+  __syncwarp();
+
+  // Expert offsets and GEMM row tiles: lane l owns experts [l*CHUNK, (l+1)*CHUNK); tile t of
+  // expert e covers tile_rows sorted rows from offset[e] + t * tile_rows.
+  const int first = lane * CHUNK;
+  int rows = 0, tiles = 0;
+  for (int e = first; e < min(first + CHUNK, E); ++e) {
+    rows += count[e];
+    tiles += (count[e] + args.tile_rows - 1) / args.tile_rows;
+  }
+  const int rows_end = warp_inclusive_sum(rows, lane);
+  const int tiles_end = warp_inclusive_sum(tiles, lane);
+  int offset = rows_end - rows, tile = tiles_end - tiles;
+  for (int e = first; e < min(first + CHUNK, E); ++e) {
+    args.expert_offsets[e] = offset;
+    const int expert_tiles = (count[e] + args.tile_rows - 1) / args.tile_rows;
+    for (int t = 0; t < expert_tiles; ++t) {
+      args.tile_expert[tile + t] = e;
+      args.tile_row[tile + t] = offset + t * args.tile_rows;
     }
+    offset += count[e];
+    tile += expert_tiles;
   }
-  if (threadIdx.x == 0) {
-    args.expert_offsets[E] = total;
-    *args.num_tiles = total_tiles;
+  if (lane == 31) {
+    args.expert_offsets[E] = rows_end;
+    *args.num_tiles = tiles_end;
   }
 }
 
