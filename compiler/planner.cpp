@@ -217,6 +217,19 @@ KernelPlan combine_kernel(const MoeConfig& c) {
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+// Token counts each bucket is tiled for (plan_buckets).
+constexpr int64_t kDecodeTokens = 16, kMidTokens = 256, kPrefillTokens = 4096;
+
+// The row tile for a representative T: with uniform routing a local expert sees about T*K/E_loc
+// rows, and the tile is the power of two that covers that, 16 to 128, so decode wastes few
+// padding rows and prefill reuses each weight tile across many rows.
+int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
+  const double rows = static_cast<double>(representative_tokens) * c.topk / c.local_experts();
+  int bm = 16;
+  while (bm < 128 && bm < rows) bm *= 2;
+  return bm;
+}
+
 }  // namespace
 
 std::string_view to_string(Stage stage) {
@@ -257,21 +270,16 @@ std::string_view to_string(GridRule rule) {
 }
 
 std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
-  // Each bucket is tiled for a representative T: with uniform routing a local expert sees about
-  // T*K/E_loc rows, and the row tile is the power of two that covers that, 16 to 128, so decode
-  // wastes few padding rows and prefill reuses each weight tile across many rows.
   struct Range {
     const char* name;
     int64_t min, max, representative;
   };
-  const Range ranges[] = {{"decode", 1, 32, 16},
-                          {"mid", 33, 512, 256},
-                          {"prefill", 513, std::numeric_limits<int64_t>::max(), 4096}};
+  const Range ranges[] = {{"decode", 1, 32, kDecodeTokens},
+                          {"mid", 33, 512, kMidTokens},
+                          {"prefill", 513, std::numeric_limits<int64_t>::max(), kPrefillTokens}};
   std::vector<TokenBucket> buckets;
   for (const auto& r : ranges) {
-    const double rows = static_cast<double>(r.representative) * c.topk / c.local_experts();
-    int bm = 16;
-    while (bm < 128 && bm < rows) bm *= 2;
+    const int bm = row_tile_height(c, r.representative);
     TokenBucket b;
     b.name = r.name;
     b.min_tokens = r.min;
@@ -348,46 +356,62 @@ const WorkspaceBuffer& WorkspaceLayout::at(std::string_view name) const {
   throw Error(fmt::format("moejit internal error: the workspace has no buffer named {}", name));
 }
 
+namespace {
+
+// The one list of workspace buffers: calls add(name, bytes, what, member) in layout order.
+template <typename Add>
+void visit_workspace(const MoeConfig& c, int64_t tokens, Add&& add) {
+  const int64_t pairs = tokens * c.topk;
+  const int64_t e_loc = c.local_experts();
+  const int64_t inter = c.local_intermediate();
+  const int64_t elem = dtype_bytes(c.dtype);
+  // The decode bucket has the shortest row tile, hence the most tiles.
+  const int64_t tiles = max_row_tiles(c, tokens, row_tile_height(c, kDecodeTokens));
+  const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
+  using W = WorkspaceOffsets;
+  add("topk_weights", pairs * 4, "[T, K] fp32", &W::topk_weights);
+  add("topk_ids", pairs * 4, "[T, K] int32", &W::topk_ids);
+  add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K/1024), E_loc] int32", &W::block_counts);
+  add("expert_counts", e_loc * 4, "[E_loc] int32", &W::expert_counts);
+  add("expert_offsets", (e_loc + 1) * 4, "[E_loc + 1] int32", &W::expert_offsets);
+  add("sorted_pair", pairs * 4, "[T*K] int32", &W::sorted_pair);
+  add("pair_pos", pairs * 4, "[T*K] int32", &W::pair_pos);
+  add("tile_expert", tiles * 4, "[max_row_tiles] int32", &W::tile_expert);
+  add("tile_row", tiles * 4, "[max_row_tiles] int32", &W::tile_row);
+  add("num_tiles", 4, "[1] int32", &W::num_tiles);
+  if (c.quant == Quant::W8A8Int8) {
+    add("a_q", pairs * c.hidden, "[T*K, H] int8", &W::a_q);
+    add("a_scale", pairs * 4, "[T*K] fp32", &W::a_scale);
+    add("act_f32", pairs * inter * 4, "[T*K, I] fp32", &W::act_f32);
+    add("act_q", pairs * inter, "[T*K, I] int8", &W::act_q);
+    add("act_scale", pairs * 4, "[T*K] fp32", &W::act_scale);
+  } else {
+    add("act", pairs * inter * elem, "[T*K, I] model dtype", &W::act);
+  }
+  add("y", pairs * c.hidden * elem, "[T*K, H] model dtype", &W::y);
+}
+
+}  // namespace
+
+WorkspaceOffsets workspace_offsets(const MoeConfig& c, int64_t tokens) {
+  WorkspaceOffsets offsets;
+  visit_workspace(c, tokens, [&](const char*, int64_t bytes, const char*, int64_t WorkspaceOffsets::*member) {
+    offsets.*member = offsets.total_bytes;
+    offsets.total_bytes = align_up(offsets.total_bytes + bytes, kWorkspaceAlign);
+  });
+  return offsets;
+}
+
 WorkspaceLayout plan_workspace(const MoeConfig& c, int64_t max_tokens) {
   validate(c);
   if (max_tokens < 0)
     throw InvalidInput(fmt::format("max_tokens: {} is out of range; allowed >= 0", max_tokens));
   WorkspaceLayout layout;
   layout.max_tokens = max_tokens;
-  const int64_t pairs = max_tokens * c.topk;
-  const int64_t e_loc = c.local_experts();
-  const int64_t inter = c.local_intermediate();
-  const int64_t elem = dtype_bytes(c.dtype);
-  int min_bm = 128;
-  for (const auto& b : plan_buckets(c)) min_bm = std::min(min_bm, b.gemm1.bm);
-  const int64_t tiles = max_row_tiles(c, max_tokens, min_bm);
-  const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
-
-  auto add = [&](std::string name, int64_t bytes, std::string what) {
-    WorkspaceBuffer b{std::move(name), layout.total_bytes, bytes, std::move(what)};
+  visit_workspace(c, max_tokens, [&](const char* name, int64_t bytes, const char* what, auto) {
+    layout.buffers.push_back({name, layout.total_bytes, bytes, what});
     layout.total_bytes = align_up(layout.total_bytes + bytes, kWorkspaceAlign);
-    layout.buffers.push_back(std::move(b));
-  };
-  add("topk_weights", pairs * 4, "[T, K] fp32");
-  add("topk_ids", pairs * 4, "[T, K] int32");
-  add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K/1024), E_loc] int32");
-  add("expert_counts", e_loc * 4, "[E_loc] int32");
-  add("expert_offsets", (e_loc + 1) * 4, "[E_loc + 1] int32");
-  add("sorted_pair", pairs * 4, "[T*K] int32");
-  add("pair_pos", pairs * 4, "[T*K] int32");
-  add("tile_expert", tiles * 4, "[max_row_tiles] int32");
-  add("tile_row", tiles * 4, "[max_row_tiles] int32");
-  add("num_tiles", 4, "[1] int32");
-  if (c.quant == Quant::W8A8Int8) {
-    add("a_q", pairs * c.hidden, "[T*K, H] int8");
-    add("a_scale", pairs * 4, "[T*K] fp32");
-    add("act_f32", pairs * inter * 4, "[T*K, I] fp32");
-    add("act_q", pairs * inter, "[T*K, I] int8");
-    add("act_scale", pairs * 4, "[T*K] fp32");
-  } else {
-    add("act", pairs * inter * elem, fmt::format("[T*K, I] {}", to_string(c.dtype)));
-  }
-  add("y", pairs * c.hidden * elem, fmt::format("[T*K, H] {}", to_string(c.dtype)));
+  });
   return layout;
 }
 

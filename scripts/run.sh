@@ -6,4 +6,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
 build="${BUILD_DIR:-$root/build}"
-"$build/moejit" compile --preset "${MOEJIT_PRESET:-qwen3-30b-a3b}" --plan "$@"
+preset="${MOEJIT_PRESET:-qwen3-30b-a3b}"
+"$build/moejit" compile --preset "$preset" --plan "$@"
+# With a GPU: run the layer on random data against the float64 reference, and time it.
+"$build/bench/moejit_layer_check" --preset "$preset" --tokens "${MOEJIT_TOKENS:-64}"

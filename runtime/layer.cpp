@@ -1,0 +1,326 @@
+// Layer: loads a compiled layer's modules per CUDA context and launches its kernels in SPEC.md's
+// stage order on the caller's stream. forward() checks its arguments, then only packs argument
+// structs and calls cuLaunchKernelEx: no allocation, no synchronization, no compilation.
+#include "runtime/layer.h"
+
+#include <array>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cache/kernel_cache.h"
+#include "compiler/error.h"
+#include "compiler/layer_compiler.h"
+#include "runtime/cuda_driver.h"
+#include "templates/args.cuh"
+
+namespace moejit {
+namespace {
+
+constexpr int kMaxBuckets = 8;
+
+// Which plan kernel plays which part; indices into Plan::kernels, -1 when absent.
+struct Roles {
+  int routing = -1, index_count = -1, index_scan = -1, index_scatter = -1;
+  int quantize_expand = -1, quantize_act = -1, combine = -1;
+  std::array<int, kMaxBuckets> gemm1{}, gemm2{};
+};
+
+Roles find_roles(const Plan& plan) {
+  Roles r;
+  auto index_of = [&](const std::string& entry) {
+    for (size_t i = 0; i < plan.kernels.size(); ++i)
+      if (plan.kernels[i].entry == entry) return static_cast<int>(i);
+    throw Error(fmt::format("moejit internal error: bucket kernel {} is not in the plan", entry));
+  };
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    const KernelPlan& k = plan.kernels[i];
+    const int n = static_cast<int>(i);
+    if (k.stage == Stage::Routing) r.routing = n;
+    if (k.device_function == "moejit::index_count") r.index_count = n;
+    if (k.device_function == "moejit::index_scan") r.index_scan = n;
+    if (k.device_function == "moejit::index_scatter") r.index_scatter = n;
+    if (k.device_function == "moejit::quantize_rows") (k.stage == Stage::Expand ? r.quantize_expand : r.quantize_act) = n;
+    if (k.stage == Stage::Combine) r.combine = n;
+  }
+  if (plan.buckets.size() > kMaxBuckets) throw Error("moejit internal error: too many token buckets");
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    r.gemm1[b] = index_of(plan.buckets[b].gemm1_entry);
+    r.gemm2[b] = index_of(plan.buckets[b].gemm2_entry);
+  }
+  return r;
+}
+
+// The modules of one layer loaded in one context.
+struct LoadedContext {
+  CUcontext context = nullptr;
+  std::vector<CUmodule> modules;
+  std::vector<CUfunction> functions;  // by plan kernel index
+};
+
+bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+
+class LayerImpl final : public Layer {
+ public:
+  LayerImpl(CompiledLayer compiled, CUcontext context, CUdevice device, bool retained_primary)
+      : compiled_(std::move(compiled)),
+        roles_(find_roles(compiled_.plan)),
+        device_(device),
+        retained_primary_(retained_primary) {
+    load(context);
+  }
+
+  ~LayerImpl() override {
+    const CudaDriver& d = cuda_driver();
+    // Unload errors are ignored: at process exit the context may already be gone.
+    for (auto& loaded : contexts_)
+      for (CUmodule m : loaded.modules) d.module_unload(m);
+    if (retained_primary_) d.primary_ctx_release(device_);
+  }
+
+  const Plan& plan() const override { return compiled_.plan; }
+
+  int launches(int64_t tokens) const override {
+    if (tokens <= 0) return 0;
+    // routing, 3 index kernels, 2 GEMMs, combine; w8a8 adds the two quantizations.
+    return 7 + (config().quant == Quant::W8A8Int8 ? 2 : 0);
+  }
+
+  void forward(void* stream_handle, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
+               size_t workspace_size) const override {
+    check_arguments(tokens, in, output, workspace, workspace_size);
+    if (tokens == 0) return;
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    const std::vector<CUfunction>& fn = functions_for(stream);
+
+    const MoeConfig& c = config();
+    const Plan& p = plan();
+    const bool w8a8 = c.quant == Quant::W8A8Int8;
+    const WorkspaceOffsets o = workspace_offsets(c, tokens);
+    char* ws = static_cast<char*>(workspace);
+    auto buf = [&](int64_t offset) { return offset < 0 ? nullptr : ws + offset; };
+    auto ints = [&](int64_t offset) { return reinterpret_cast<int*>(buf(offset)); };
+    auto floats = [&](int64_t offset) { return reinterpret_cast<float*>(buf(offset)); };
+
+    size_t bucket = 0;
+    while (bucket + 1 < p.buckets.size() && tokens > p.buckets[bucket].max_tokens) ++bucket;
+    const TokenBucket& b = p.buckets[bucket];
+    const int64_t pairs = tokens * c.topk;
+    const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
+    const int64_t row_tiles = max_row_tiles(c, tokens, b.gemm1.bm);
+
+    RouteArgs route{in.router_logits, in.e_score_correction_bias, floats(o.topk_weights), ints(o.topk_ids), tokens};
+    launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &route);
+
+    IndexArgs index{ints(o.topk_ids),      pairs,
+                    c.first_local_expert(), b.gemm1.bm,
+                    ints(o.block_counts),  ints(o.expert_counts),
+                    ints(o.expert_offsets), ints(o.sorted_pair),
+                    ints(o.pair_pos),      ints(o.tile_expert),
+                    ints(o.tile_row),      ints(o.num_tiles)};
+    launch(fn, roles_.index_count, stream, {index_blocks, 1}, &index);
+    launch(fn, roles_.index_scan, stream, {1, 1}, &index);
+    launch(fn, roles_.index_scatter, stream, {index_blocks, 1}, &index);
+
+    if (w8a8) {
+      QuantizeArgs expand{in.hidden,         ints(o.sorted_pair), ints(o.topk_ids),
+                          ints(o.expert_offsets), c.first_local_expert(), in.input_smooth,
+                          reinterpret_cast<signed char*>(buf(o.a_q)), floats(o.a_scale)};
+      launch(fn, roles_.quantize_expand, stream, {pairs, 1}, &expand);
+    }
+
+    GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
+                   in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
+                   ints(o.num_tiles), ints(o.expert_offsets)};
+    launch(fn, roles_.gemm1[bucket], stream, {row_tiles, ceil_div(c.local_intermediate(), b.gemm1.bn)}, &gemm1);
+
+    if (w8a8) {
+      QuantizeArgs requant{buf(o.act_f32),         ints(o.sorted_pair), ints(o.topk_ids), ints(o.expert_offsets),
+                           c.first_local_expert(), nullptr,             reinterpret_cast<signed char*>(buf(o.act_q)),
+                           floats(o.act_scale)};
+      launch(fn, roles_.quantize_act, stream, {pairs, 1}, &requant);
+    }
+
+    GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
+                   nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
+                   ints(o.expert_offsets)};
+    launch(fn, roles_.gemm2[bucket], stream, {row_tiles, ceil_div(c.hidden, b.gemm2.bn)}, &gemm2);
+
+    CombineArgs combine{buf(o.y), floats(o.topk_weights), ints(o.pair_pos), in.residual, output, tokens};
+    launch(fn, roles_.combine, stream, {tokens, 1}, &combine);
+  }
+
+ private:
+  struct Grid {
+    int64_t x, y;
+  };
+
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+  template <typename Args>
+  void launch(const std::vector<CUfunction>& fn, int kernel, CUstream stream, Grid grid, Args* args) const {
+    const KernelPlan& k = plan().kernels[kernel];
+    CUlaunchConfig config{};
+    config.gridDimX = static_cast<unsigned>(grid.x);
+    config.gridDimY = static_cast<unsigned>(grid.y);
+    config.gridDimZ = 1;
+    config.blockDimX = static_cast<unsigned>(k.launch.threads);
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = 0;
+    config.hStream = stream;
+    void* params[] = {args};
+    CUresult r = cuda_driver().launch_kernel_ex(&config, fn[kernel], params, nullptr);
+    if (r != CUDA_SUCCESS) check_cuda(r, k.entry.c_str());
+  }
+
+  void check_arguments(int64_t tokens, const LayerInputs& in, const void* output, const void* workspace,
+                       size_t workspace_size) const {
+    const MoeConfig& c = config();
+    if (tokens < 0 || tokens * c.topk >= (int64_t{1} << 31))
+      throw InvalidInput(fmt::format("tokens: {} is out of range; allowed 0..{} for topk {}", tokens,
+                                     ((int64_t{1} << 31) - 1) / c.topk, c.topk));
+    auto require = [&](const void* p, const char* name, size_t alignment) {
+      if (!p) throw InvalidInput(fmt::format("{}: null pointer; this layer needs it", name));
+      if (!aligned(p, alignment))
+        throw InvalidInput(fmt::format("{}: pointer {} is not {}-byte aligned", name, p, alignment));
+    };
+    require(in.hidden, "hidden", 16);
+    require(in.router_logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
+    require(in.w13, "w13", 16);
+    require(in.w2, "w2", 16);
+    require(output, "output", 16);
+    if (c.topk_method == TopkMethod::NoauxTc) require(in.e_score_correction_bias, "e_score_correction_bias", 4);
+    if (c.quant == Quant::W8A8Int8) {
+      require(in.w13_scale, "w13_scale", 4);
+      require(in.w2_scale, "w2_scale", 4);
+      require(in.input_smooth, "input_smooth", 4);
+      require(in.act_smooth, "act_smooth", 4);
+    }
+    if (in.residual && !aligned(in.residual, 16))
+      throw InvalidInput(fmt::format("residual: pointer {} is not 16-byte aligned", in.residual));
+    if (tokens == 0) return;
+    const int64_t needed = workspace_offsets(c, tokens).total_bytes;
+    require(workspace, "workspace", 256);
+    if (static_cast<int64_t>(workspace_size) < needed)
+      throw InvalidInput(fmt::format("workspace: {} bytes is too small; {} tokens need {} bytes (workspace_bytes())",
+                                     workspace_size, tokens, needed));
+  }
+
+  // The functions of the stream's context, loading the modules there on first use.
+  const std::vector<CUfunction>& functions_for(CUstream stream) const {
+    const CudaDriver& d = cuda_driver();
+    CUcontext context = nullptr;
+    if (stream) {
+      check_cuda(d.stream_get_ctx(stream, &context), "cuStreamGetCtx");
+    } else {
+      check_cuda(d.ctx_get_current(&context), "cuCtxGetCurrent");
+    }
+    std::lock_guard lock(mutex_);
+    for (const auto& loaded : contexts_)
+      if (loaded.context == context) return loaded.functions;
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    check_cuda(d.stream_is_capturing(stream, &capture), "cuStreamIsCapturing");
+    if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
+      throw Error("moejit: this layer's kernels are not loaded in the captured stream's context, and loading "
+                  "during stream capture is not allowed; warm up before graph capture (run forward once "
+                  "eagerly on this context first)");
+    const_cast<LayerImpl*>(this)->load_locked(context);
+    return contexts_.back().functions;
+  }
+
+  void load(CUcontext context) {
+    std::lock_guard lock(mutex_);
+    load_locked(context);
+  }
+
+  // Loads every unit's CUBIN into `context` (made current for the duration).
+  void load_locked(CUcontext context) {
+    const CudaDriver& d = cuda_driver();
+    check_cuda(d.ctx_push_current(context), "cuCtxPushCurrent");
+    LoadedContext loaded;
+    loaded.context = context;
+    loaded.functions.assign(plan().kernels.size(), nullptr);
+    try {
+      for (const auto& unit : compiled_.units) {
+        CUmodule module = nullptr;
+        CUresult r = d.module_load_data(&module, unit.binary->cubin.data());
+        if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+            r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+          throw Error("moejit: cannot load kernels while a stream is being captured; warm up before graph "
+                      "capture (create the layer and run forward once before capturing)");
+        check_cuda(r, fmt::format("loading unit '{}'", unit.unit).c_str());
+        loaded.modules.push_back(module);
+        for (const auto& entry : unit.binary->kernel_names) {
+          for (size_t i = 0; i < plan().kernels.size(); ++i) {
+            if (plan().kernels[i].entry != entry) continue;
+            check_cuda(d.module_get_function(&loaded.functions[i], module, entry.c_str()), entry.c_str());
+          }
+        }
+      }
+      for (size_t i = 0; i < loaded.functions.size(); ++i)
+        if (!loaded.functions[i])
+          throw Error(fmt::format("moejit internal error: kernel {} is in no loaded unit", plan().kernels[i].entry));
+    } catch (...) {
+      for (CUmodule m : loaded.modules) d.module_unload(m);
+      CUcontext popped = nullptr;
+      d.ctx_pop_current(&popped);
+      throw;
+    }
+    CUcontext popped = nullptr;
+    d.ctx_pop_current(&popped);
+    contexts_.push_back(std::move(loaded));
+  }
+
+  CompiledLayer compiled_;
+  Roles roles_;
+  CUdevice device_;
+  bool retained_primary_;
+  mutable std::mutex mutex_;
+  mutable std::vector<LoadedContext> contexts_;
+};
+
+}  // namespace
+
+size_t Layer::workspace_bytes(int64_t max_tokens) const {
+  if (max_tokens < 0) throw InvalidInput(fmt::format("max_tokens: {} is out of range; allowed >= 0", max_tokens));
+  return static_cast<size_t>(workspace_offsets(config(), max_tokens).total_bytes);
+}
+
+std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions& options) {
+  validate(config);
+  const CudaDriver& d = require_cuda_driver();
+  CUcontext context = nullptr;
+  check_cuda(d.ctx_get_current(&context), "cuCtxGetCurrent");
+  CUdevice device = 0;
+  bool retained = false;
+  if (!context || options.device >= 0) {
+    const int ordinal = options.device >= 0 ? options.device : 0;
+    int count = 0;
+    check_cuda(d.device_get_count(&count), "cuDeviceGetCount");
+    if (ordinal >= count)
+      throw InvalidInput(fmt::format("device: {} does not exist; {} device(s) present", ordinal, count));
+    check_cuda(d.device_get(&device, ordinal), "cuDeviceGet");
+    check_cuda(d.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain");
+    retained = true;
+  } else {
+    check_cuda(d.ctx_get_device(&device), "cuCtxGetDevice");
+  }
+  std::string arch = options.arch;
+  if (arch.empty()) {
+    int major = 0, minor = 0;
+    check_cuda(d.device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "cuDeviceGetAttribute");
+    check_cuda(d.device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "cuDeviceGetAttribute");
+    arch = arch_for(DeviceInfo{0, "", major, minor, 0, 0});
+  }
+  try {
+    CompiledLayer compiled = compile_layer(config, arch, global_cache());
+    return std::make_unique<LayerImpl>(std::move(compiled), context, device, retained);
+  } catch (...) {
+    if (retained) d.primary_ctx_release(device);
+    throw;
+  }
+}
+
+}  // namespace moejit

@@ -1,0 +1,68 @@
+// The C++ API an inference engine calls: compile a layer at model load, then run it on raw device
+// pointers, on the caller's stream, with no host synchronization and no allocation per call.
+//
+//   auto layer = moejit::Layer::create(moejit::preset("deepseek-v3"));   // compiles + loads
+//   size_t bytes = layer->workspace_bytes(max_tokens);                   // caller allocates
+//   layer->forward(stream, tokens, inputs, output, workspace, bytes);    // asynchronous
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "compiler/moe_config.h"
+#include "compiler/plan.h"
+
+namespace moejit {
+
+// Device pointers of one layer call. Shapes follow SPEC.md (T tokens; E_loc = experts / ep_size;
+// I = moe_intermediate / tp_size; N1 = 2I when gated, else I):
+struct LayerInputs {
+  const void* hidden = nullptr;          // [T, H] dtype
+  const void* router_logits = nullptr;   // [T, E] router_dtype
+  const void* w13 = nullptr;             // [E_loc, N1, H] (layout nk) or [E_loc, H, N1] (kn); int8 for w8a8
+  const void* w2 = nullptr;              // [E_loc, H, I] (nk) or [E_loc, I, H] (kn); int8 for w8a8
+  const float* e_score_correction_bias = nullptr;  // [E]; required for topk_method noaux_tc
+  const float* w13_scale = nullptr;      // [E_loc, N1]; w8a8
+  const float* w2_scale = nullptr;       // [E_loc, H]; w8a8
+  const float* input_smooth = nullptr;   // [E, H]; w8a8
+  const float* act_smooth = nullptr;     // [E_loc, I]; w8a8
+  const void* residual = nullptr;        // [T, H] dtype, optional (shared experts' output)
+};
+
+struct LayerOptions {
+  std::string arch;      // empty: the current device's
+  int device = -1;       // -1: the current context's device, else device 0
+};
+
+class Layer {
+ public:
+  // Validates the config (InvalidInput), compiles or loads every kernel (cache), and loads the
+  // modules into the current context (creating device's primary context if none is current).
+  // Throws Error when there is no usable GPU, or when called while a stream on this thread's
+  // context is being captured ("warm up before graph capture").
+  static std::unique_ptr<Layer> create(const MoeConfig& config, const LayerOptions& options = {});
+
+  virtual ~Layer() = default;
+
+  const MoeConfig& config() const { return plan().config; }
+  virtual const Plan& plan() const = 0;
+
+  // Workspace a forward of up to max_tokens tokens needs; monotonic in max_tokens.
+  size_t workspace_bytes(int64_t max_tokens) const;
+
+  // Runs the layer on `stream` (a CUstream / cudaStream_t; null = legacy default stream).
+  // Checks, before any launch, that tokens is in [0, 2^31 / topk), every pointer the config needs
+  // is non-null and aligned (16 bytes for hidden, weights, output, residual and workspace; 4 for
+  // fp32 arrays), and workspace_size >= workspace_bytes(tokens); throws InvalidInput naming the
+  // argument otherwise. tokens == 0 returns at once. Never synchronizes or allocates; graph
+  // capturable once the layer's modules are loaded in the stream's context.
+  virtual void forward(void* stream, int64_t tokens, const LayerInputs& inputs, void* output, void* workspace,
+                       size_t workspace_size) const = 0;
+
+  // Number of kernel launches forward makes for `tokens` tokens.
+  virtual int launches(int64_t tokens) const = 0;
+};
+
+}  // namespace moejit

@@ -1,0 +1,53 @@
+/* moejit C ABI: compile an MoE layer at model load and run it on raw device pointers.
+ * For engines in other languages and ctypes. Every function returns 0 on success, 2 when an
+ * argument or the configuration is invalid, 1 on any other failure; moejit_last_error() then
+ * returns the message (per thread, valid until the next call on that thread). */
+#ifndef MOEJIT_H
+#define MOEJIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moejit_layer moejit_layer;
+
+/* Device pointers of one call; SPEC.md gives the shapes. Unused entries are NULL. */
+typedef struct moejit_inputs {
+  const void* hidden;
+  const void* router_logits;
+  const void* w13;
+  const void* w2;
+  const float* e_score_correction_bias;
+  const float* w13_scale;
+  const float* w2_scale;
+  const float* input_smooth;
+  const float* act_smooth;
+  const void* residual;
+} moejit_inputs;
+
+/* config: a preset name ("deepseek-v3"), a path to a config file or model folder, or a JSON text
+ * (moejit format or Hugging Face config.json), chosen by its first character ('{' means JSON).
+ * overrides_json: NULL or a JSON object of field overrides, e.g. {"ep_size": 8, "ep_rank": 3}. */
+int moejit_layer_create(const char* config, const char* overrides_json, moejit_layer** out);
+void moejit_layer_destroy(moejit_layer* layer);
+
+/* Workspace bytes for up to max_tokens tokens. */
+int moejit_layer_workspace_bytes(const moejit_layer* layer, int64_t max_tokens, size_t* bytes);
+
+/* Asynchronous on stream (a CUstream / cudaStream_t; NULL = legacy default stream). */
+int moejit_layer_forward(const moejit_layer* layer, void* stream, int64_t tokens, const moejit_inputs* inputs,
+                         void* output, void* workspace, size_t workspace_bytes);
+
+/* The layer's configuration as moejit JSON; the string lives as long as the layer. */
+const char* moejit_layer_config_json(const moejit_layer* layer);
+
+const char* moejit_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEJIT_H */

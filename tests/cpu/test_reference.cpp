@@ -1,0 +1,483 @@
+// The float64 CPU reference (tests/reference) against hand-computed values from SPEC.md.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "tests/reference/reference.h"
+
+namespace moejit::reference {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double silu(double x) { return x * sig(x); }
+
+MoeConfig small_config(int experts, int topk) {
+  MoeConfig c;
+  c.experts = experts;
+  c.topk = topk;
+  c.hidden = 4;
+  c.moe_intermediate = 2;
+  return c;
+}
+
+void expect_valid_row(const Routing& r, int64_t t, int K, int E) {
+  std::set<int> seen;
+  for (int j = 0; j < K; ++j) {
+    int id = r.ids[t * K + j];
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, E);
+    seen.insert(id);
+    EXPECT_TRUE(std::isfinite(r.weights[t * K + j])) << "t " << t << " j " << j;
+  }
+  EXPECT_EQ(static_cast<int>(seen.size()), K) << "ids of token " << t << " are not distinct";
+}
+
+// ---------------------------------------------------------------- routing
+
+TEST(ReferenceRoute, SoftmaxTop2KnownWeights) {
+  MoeConfig c = small_config(4, 2);
+  c.renormalize = false;
+  std::vector<double> logits = {1, 3, 2, 0};
+  Routing r = route(c, 1, logits, {});
+  const double S = std::exp(1.0) + std::exp(3.0) + std::exp(2.0) + std::exp(0.0);
+  ASSERT_EQ(r.ids, (std::vector<int>{1, 2}));
+  EXPECT_NEAR(r.weights[0], std::exp(3.0) / S, 1e-15);
+  EXPECT_NEAR(r.weights[1], std::exp(2.0) / S, 1e-15);
+  EXPECT_FALSE(r.near_tie[0]);
+
+  c.renormalize = true;
+  c.routed_scaling_factor = 2.0;
+  r = route(c, 1, logits, {});
+  ASSERT_EQ(r.ids, (std::vector<int>{1, 2}));
+  EXPECT_NEAR(r.weights[0], 2.0 * std::exp(3.0) / (std::exp(3.0) + std::exp(2.0)), 1e-15);
+  EXPECT_NEAR(r.weights[1], 2.0 * std::exp(2.0) / (std::exp(3.0) + std::exp(2.0)), 1e-15);
+}
+
+TEST(ReferenceRoute, SoftmaxIsShiftInvariantForHugeLogits) {
+  MoeConfig c = small_config(3, 1);
+  c.renormalize = false;
+  Routing r = route(c, 1, {1e30, 1e30 - 1e15, 0}, {});  // naive exp would overflow
+  EXPECT_EQ(r.ids[0], 0);
+  EXPECT_NEAR(r.weights[0], 1.0, 1e-15);
+}
+
+// DeepSeek-V3 style: sigmoid, noaux_tc, 4 groups of 2, keep 2 groups, top-2, renormalize, scale 2.5.
+TEST(ReferenceRoute, SigmoidBiasGroupsDeepSeekStyle) {
+  MoeConfig c = small_config(8, 2);
+  c.scoring = Scoring::Sigmoid;
+  c.topk_method = TopkMethod::NoauxTc;
+  c.num_expert_group = 4;
+  c.topk_group = 2;
+  c.renormalize = true;
+  c.routed_scaling_factor = 2.5;
+  std::vector<double> logits = {3, -3, 1, 0.5, 0, -0.2, -1, -1};
+  std::vector<double> bias = {0, 0, 0, 0, 0.4, 0.4, 0, 0.1};
+  // q = [.9526 .0474 | .7311 .6225 | .9 .8502 | .2689 .3689]; group scores (sum of top 2):
+  // g0 1.0, g1 1.3535, g2 1.7502, g3 .6379 -> keep g2, g1. Best allowed q: 4 (.9), 5 (.8502).
+  // Without bias/groups the choice would be experts 0 and 2.
+  Routing r = route(c, 1, logits, bias);
+  ASSERT_EQ(r.ids, (std::vector<int>{4, 5}));
+  const double p4 = sig(0.0), p5 = sig(-0.2);  // unbiased scores
+  EXPECT_NEAR(r.weights[0], 2.5 * p4 / (p4 + p5), 1e-14);
+  EXPECT_NEAR(r.weights[1], 2.5 * p5 / (p4 + p5), 1e-14);
+  EXPECT_FALSE(r.near_tie[0]);
+
+  // The same row without bias: groups g0 (1.0) and g1 (1.3535) win; experts 0 and 2.
+  r = route(c, 1, logits, std::vector<double>(8, 0.0));
+  ASSERT_EQ(r.ids, (std::vector<int>{0, 2}));
+  EXPECT_NEAR(r.weights[0], 2.5 * sig(3) / (sig(3) + sig(1)), 1e-14);
+
+  // Without groups, expert 0 (q .9526, in the dropped group g0) would be chosen first.
+  MoeConfig flat = c;
+  flat.num_expert_group = 1;
+  flat.topk_group = 1;
+  r = route(flat, 1, logits, bias);
+  EXPECT_EQ(r.ids, (std::vector<int>{0, 4}));
+}
+
+TEST(ReferenceRoute, GroupScoreSumOfTwoForNoauxMaxOtherwise) {
+  MoeConfig c = small_config(4, 1);
+  c.scoring = Scoring::Sigmoid;
+  c.num_expert_group = 2;
+  c.topk_group = 1;
+  c.renormalize = false;
+  std::vector<double> logits = {2, -5, 1, 0.9};
+  // Group 0 has the single best expert; group 1 has the best pair.
+  c.topk_method = TopkMethod::GroupLimitedGreedy;
+  Routing r = route(c, 1, logits, {});
+  EXPECT_EQ(r.ids[0], 0);
+  EXPECT_NEAR(r.weights[0], sig(2), 1e-15);
+  c.topk_method = TopkMethod::NoauxTc;
+  r = route(c, 1, logits, std::vector<double>(4, 0.0));
+  EXPECT_EQ(r.ids[0], 2);
+  EXPECT_NEAR(r.weights[0], sig(1), 1e-15);
+}
+
+TEST(ReferenceRoute, TiesGoToTheLowerIndex) {
+  MoeConfig c = small_config(4, 2);
+  Routing r = route(c, 1, {1, 2, 2, 2}, {});
+  EXPECT_EQ(r.ids, (std::vector<int>{1, 2}));
+  EXPECT_TRUE(r.near_tie[0]);
+
+  MoeConfig c3 = small_config(4, 3);
+  r = route(c3, 1, {5, 0, 5, 5}, {});
+  EXPECT_EQ(r.ids, (std::vector<int>{0, 2, 3}));
+
+  // Groups tie too: both groups score 0.5 -> group 0.
+  MoeConfig g = small_config(4, 1);
+  g.scoring = Scoring::Sigmoid;
+  g.topk_method = TopkMethod::GroupLimitedGreedy;
+  g.num_expert_group = 2;
+  g.topk_group = 1;
+  r = route(g, 1, {-1, 0, 0, -1}, {});
+  EXPECT_EQ(r.ids[0], 1);
+  EXPECT_TRUE(r.near_tie[0]);
+}
+
+TEST(ReferenceRoute, NonFiniteLogitsGiveFiniteWeightsAndDistinctIds) {
+  MoeConfig c = small_config(6, 3);
+  std::vector<double> logits = {kNaN, kInf, -kInf, 1, kInf, 0};
+  // Softmax of [-F, F, -F, 1, F, 0]: p = [0, .5, 0, 0, .5, 0]; the zeros tie -> lowest index 0.
+  Routing r = route(c, 1, logits, {});
+  expect_valid_row(r, 0, 3, 6);
+  EXPECT_EQ(r.ids, (std::vector<int>{1, 4, 0}));
+  EXPECT_DOUBLE_EQ(r.weights[0], 0.5);
+  EXPECT_DOUBLE_EQ(r.weights[1], 0.5);
+  EXPECT_DOUBLE_EQ(r.weights[2], 0.0);
+  EXPECT_TRUE(r.near_tie[0]);
+
+  // Sigmoid: p = [0, 1, 0, sig(1), 1, 0.5].
+  c.scoring = Scoring::Sigmoid;
+  c.renormalize = false;
+  r = route(c, 1, logits, {});
+  expect_valid_row(r, 0, 3, 6);
+  EXPECT_EQ(r.ids, (std::vector<int>{1, 4, 3}));
+  EXPECT_DOUBLE_EQ(r.weights[0], 1.0);
+  EXPECT_NEAR(r.weights[2], sig(1), 1e-15);
+
+  // A NaN bias excludes its expert (it becomes -FLT_MAX); +inf bias makes one win.
+  MoeConfig b = small_config(4, 1);
+  b.scoring = Scoring::Sigmoid;
+  b.topk_method = TopkMethod::NoauxTc;
+  b.renormalize = false;
+  r = route(b, 1, {5, 0, 0, 0}, {kNaN, 0, 0, 0});
+  EXPECT_EQ(r.ids[0], 1);
+  EXPECT_DOUBLE_EQ(r.weights[0], 0.5);
+  r = route(b, 1, {5, 0, 0, 0}, {0, 0, kInf, 0});
+  EXPECT_EQ(r.ids[0], 2);
+  EXPECT_DOUBLE_EQ(r.weights[0], 0.5);
+
+  // Every combination of special values, many rows: always valid.
+  MoeConfig big = small_config(8, 4);
+  std::vector<double> specials = {kNaN, kInf, -kInf, 0, 1e30, -1e30, FLT_MAX, -FLT_MAX};
+  std::vector<double> rows;
+  std::mt19937 rng(7);
+  const int T = 200;
+  for (int i = 0; i < T * 8; ++i) rows.push_back(specials[rng() % specials.size()]);
+  for (Scoring s : {Scoring::Softmax, Scoring::Sigmoid}) {
+    big.scoring = s;
+    r = route(big, T, rows, {});
+    for (int t = 0; t < T; ++t) expect_valid_row(r, t, 4, 8);
+  }
+}
+
+TEST(ReferenceRoute, AllMinusInfRowIsUniformWithTheLowestIds) {
+  MoeConfig c = small_config(5, 2);
+  c.renormalize = false;
+  Routing r = route(c, 1, std::vector<double>(5, -kInf), {});
+  EXPECT_EQ(r.ids, (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(r.weights[0], 0.2);
+  EXPECT_DOUBLE_EQ(r.weights[1], 0.2);
+  EXPECT_TRUE(r.near_tie[0]);
+  c.renormalize = true;
+  r = route(c, 1, std::vector<double>(5, -kInf), {});
+  EXPECT_EQ(r.ids, (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(r.weights[0], 0.5);
+  EXPECT_DOUBLE_EQ(r.weights[1], 0.5);
+}
+
+TEST(ReferenceRoute, RenormalizeWithZeroSumLeavesWeights) {
+  MoeConfig c = small_config(4, 2);
+  c.scoring = Scoring::Sigmoid;  // sigmoid(-FLT_MAX) = 0
+  c.renormalize = true;
+  c.routed_scaling_factor = 2.0;
+  Routing r = route(c, 1, {-kInf, -kInf, -kInf, -kInf}, {});
+  EXPECT_EQ(r.ids, (std::vector<int>{0, 1}));
+  EXPECT_EQ(r.weights[0], 0.0);
+  EXPECT_EQ(r.weights[1], 0.0);
+}
+
+TEST(ReferenceRoute, NearTieOnlyForCloseScores) {
+  MoeConfig c = small_config(4, 1);
+  c.renormalize = false;
+  // Exact tie between the chosen expert and the runner-up.
+  Routing r = route(c, 3, {0, 1, 1, 0,     //
+                           0, 1, 1 - 1e-9, 0,  // within 1e-6 relative
+                           0, 1, 0.5, 0},  // clearly separated
+                    {});
+  EXPECT_TRUE(r.near_tie[0]);
+  EXPECT_EQ(r.ids[0], 1);
+  EXPECT_TRUE(r.near_tie[1]);
+  EXPECT_EQ(r.ids[1], 1);
+  EXPECT_FALSE(r.near_tie[2]);
+  // A tie below the K boundary, between two unchosen experts, does not count...
+  r = route(c, 1, {0, 3, 1, 1}, {});
+  EXPECT_FALSE(r.near_tie[0]);
+  // ...but a tie inside the chosen K does (it decides the output order).
+  MoeConfig c2 = small_config(4, 2);
+  r = route(c2, 1, {2, 2, 0, -1}, {});
+  EXPECT_EQ(r.ids, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(r.near_tie[0]);
+}
+
+// ---------------------------------------------------------------- index
+
+TEST(ReferenceIndex, StableCountingSortAndEpRange) {
+  MoeConfig c = small_config(4, 2);
+  std::vector<int> ids = {2, 0, 0, 3, 2, 1};  // T = 3
+  Index ix = index(c, 3, ids);
+  EXPECT_EQ(ix.counts, (std::vector<int>{2, 1, 2, 1}));
+  EXPECT_EQ(ix.offsets, (std::vector<int>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(ix.sorted_pair, (std::vector<int>{1, 2, 5, 0, 4, 3}));
+  EXPECT_EQ(ix.pair_pos, (std::vector<int>{3, 0, 1, 5, 4, 2}));
+
+  c.ep_size = 2;
+  c.ep_rank = 1;  // experts 2, 3
+  ix = index(c, 3, ids);
+  EXPECT_EQ(ix.counts, (std::vector<int>{2, 1}));
+  EXPECT_EQ(ix.offsets, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(ix.sorted_pair, (std::vector<int>{0, 4, 3}));
+  EXPECT_EQ(ix.pair_pos, (std::vector<int>{0, -1, -1, 2, 1, -1}));
+
+  c.ep_rank = 0;  // experts 0, 1
+  ix = index(c, 3, ids);
+  EXPECT_EQ(ix.counts, (std::vector<int>{2, 1}));
+  EXPECT_EQ(ix.sorted_pair, (std::vector<int>{1, 2, 5}));
+  EXPECT_EQ(ix.pair_pos, (std::vector<int>{-1, 0, 1, -1, -1, 2}));
+
+  EXPECT_THROW(index(c, 3, {0, 1, 2, 4, 0, 1}), std::invalid_argument);  // id 4 >= E
+}
+
+// ---------------------------------------------------------------- experts
+
+// T=2, K=2, E=2, H=2, I=1, gated silu, nk layout.
+struct TinyLayer {
+  MoeConfig c;
+  std::vector<double> hidden = {1, 2, -1, 0.5};
+  std::vector<int> ids = {1, 0, 0, 1};
+  std::vector<double> w = {0.75, 0.25, 0.6, 0.4};
+  Weights wt;
+  TinyLayer() {
+    c = small_config(2, 2);
+    c.hidden = 2;
+    c.moe_intermediate = 1;
+    // w13[e] = [gate row; up row], each [H].
+    wt.w13 = {1, 0, 0, 1,  // e0: gate [1 0], up [0 1]
+              0.5, 0.5, 1, -1};  // e1: gate [.5 .5], up [1 -1]
+    wt.w2 = {2, -1,  // e0: [H=2, I=1]
+             1, 3};  // e1
+  }
+};
+
+TEST(ReferenceExperts, TinyGatedLayerByHand) {
+  TinyLayer L;
+  std::vector<double> residual = {10, 20, 30, 40};
+  Experts ex = experts(L.c, 2, L.hidden, L.ids, L.w, L.wt, residual);
+  const double a_t0e0 = silu(1.0) * 2.0;      // gate 1, up 2
+  const double a_t1e0 = silu(-1.0) * 0.5;     // gate -1, up 0.5
+  const double a_t0e1 = silu(1.5) * -1.0;     // gate 1.5, up -1
+  const double a_t1e1 = silu(-0.25) * -1.5;   // gate -0.25, up -1.5
+  // Expert-sorted rows: e0: pairs 1 (t0), 2 (t1); e1: pairs 0 (t0), 3 (t1).
+  ASSERT_EQ(ex.act.size(), 4u);
+  EXPECT_NEAR(ex.act[0], a_t0e0, 1e-15);
+  EXPECT_NEAR(ex.act[1], a_t1e0, 1e-15);
+  EXPECT_NEAR(ex.act[2], a_t0e1, 1e-15);
+  EXPECT_NEAR(ex.act[3], a_t1e1, 1e-15);
+  ASSERT_EQ(ex.y.size(), 8u);
+  EXPECT_NEAR(ex.y[0], 2 * a_t0e0, 1e-15);
+  EXPECT_NEAR(ex.y[1], -a_t0e0, 1e-15);
+  EXPECT_NEAR(ex.y[6], a_t1e1, 1e-15);
+  EXPECT_NEAR(ex.y[7], 3 * a_t1e1, 1e-15);
+  // out[t0] = .75 * y(t0,e1) + .25 * y(t0,e0) + residual; out[t1] = .6 * y(t1,e0) + .4 * y(t1,e1) + residual.
+  std::vector<double> expect = {0.75 * a_t0e1 + 0.25 * 2 * a_t0e0 + 10, 0.75 * 3 * a_t0e1 - 0.25 * a_t0e0 + 20,
+                                0.6 * 2 * a_t1e0 + 0.4 * a_t1e1 + 30, -0.6 * a_t1e0 + 0.4 * 3 * a_t1e1 + 40};
+  ASSERT_EQ(ex.out.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(ex.out[i], expect[i], 1e-13) << i;
+
+  // Expert parallel: rank 1 holds only expert 1 and computes only its pairs.
+  TinyLayer R;
+  R.c.ep_size = 2;
+  R.c.ep_rank = 1;
+  R.wt.w13 = {0.5, 0.5, 1, -1};
+  R.wt.w2 = {1, 3};
+  ex = experts(R.c, 2, R.hidden, R.ids, R.w, R.wt, {});
+  EXPECT_EQ(ex.index.pair_pos, (std::vector<int>{0, -1, -1, 1}));
+  std::vector<double> expect1 = {0.75 * a_t0e1, 0.75 * 3 * a_t0e1, 0.4 * a_t1e1, 0.4 * 3 * a_t1e1};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(ex.out[i], expect1[i], 1e-13) << i;
+}
+
+TEST(ReferenceExperts, NonGatedGeluForms) {
+  MoeConfig c = small_config(1, 1);
+  c.hidden = 1;
+  c.moe_intermediate = 2;
+  c.gated = false;
+  Weights wt;
+  wt.w13 = {1, -0.5};  // [I=2, H=1]
+  wt.w2 = {1, 1};      // [H=1, I=2]
+  c.activation = Activation::Gelu;
+  Experts ex = experts(c, 1, {1.0}, {0}, {1.0}, wt, {});
+  // Values from Python's math.erf / math.tanh.
+  EXPECT_NEAR(ex.act[0], 0.8413447460685429, 1e-15);
+  EXPECT_NEAR(ex.act[1], -0.15426876936299344, 1e-15);
+  EXPECT_NEAR(ex.out[0], 0.8413447460685429 - 0.15426876936299344, 1e-15);
+  c.activation = Activation::GeluTanh;
+  ex = experts(c, 1, {1.0}, {0}, {1.0}, wt, {});
+  EXPECT_NEAR(ex.act[0], 0.8411919906082768, 1e-15);
+  EXPECT_NEAR(ex.act[1], -0.15428599017485606, 1e-15);
+}
+
+std::vector<double> random_vector(std::mt19937& rng, size_t n, double lo, double hi, bool integer = false) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(n);
+  for (auto& x : v) x = integer ? std::round(d(rng)) : d(rng);
+  return v;
+}
+
+// w[e] stored [rows, cols] -> [cols, rows].
+std::vector<double> transpose_experts(const std::vector<double>& w, int64_t experts, int64_t rows, int64_t cols) {
+  std::vector<double> t(w.size());
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) t[e * rows * cols + c * rows + r] = w[e * rows * cols + r * cols + c];
+  return t;
+}
+
+TEST(ReferenceExperts, KnLayoutEqualsNkOnTransposedWeights) {
+  for (Quant quant : {Quant::None, Quant::W8A8Int8}) {
+    SCOPED_TRACE(quant == Quant::None ? "unquantized" : "w8a8");
+    MoeConfig c = small_config(8, 3);
+    c.hidden = 24;
+    c.moe_intermediate = 40;
+    c.tp_size = 2;  // I = 20
+    c.ep_size = 2;
+    c.ep_rank = 1;
+    c.quant = quant;
+    const int64_t T = 37, H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows(), EL = c.local_experts();
+    std::mt19937 rng(1234);
+    bool q = quant == Quant::W8A8Int8;
+    Weights nk;
+    nk.w13 = random_vector(rng, EL * N1 * H, q ? -127 : -1, q ? 127 : 1, q);
+    nk.w2 = random_vector(rng, EL * H * I, q ? -127 : -1, q ? 127 : 1, q);
+    if (q) {
+      nk.w13_scale = random_vector(rng, EL * N1, 0.001, 0.01);
+      nk.w2_scale = random_vector(rng, EL * H, 0.001, 0.01);
+      nk.input_smooth = random_vector(rng, c.experts * H, 0.5, 2);
+      nk.act_smooth = random_vector(rng, EL * I, 0.5, 2);
+    }
+    std::vector<double> hidden = random_vector(rng, T * H, -1, 1);
+    std::vector<double> logits = random_vector(rng, T * c.experts, -2, 2);
+    std::vector<double> residual = random_vector(rng, T * H, -1, 1);
+    Weights kn = nk;
+    kn.w13 = transpose_experts(nk.w13, EL, N1, H);
+    kn.w2 = transpose_experts(nk.w2, EL, H, I);
+    Layer a = layer(c, T, hidden, logits, {}, nk, residual);
+    c.weight_layout = WeightLayout::KN;
+    Layer b = layer(c, T, hidden, logits, {}, kn, residual);
+    EXPECT_LE(relative_error(a.experts.out, b.experts.out), 1e-14);
+    EXPECT_LE(relative_error(a.experts.act, b.experts.act), 1e-14);
+    EXPECT_GT(a.experts.index.offsets.back(), 0);  // the rank did some work
+    // The layer is route + experts.
+    Experts direct = experts(c, T, hidden, a.routing.ids, a.routing.weights, kn, residual);
+    EXPECT_EQ(direct.out, b.experts.out);
+  }
+}
+
+// One token, E=4 with ep_size 2 (rank 1 holds global experts 2, 3 as local 0, 1), routed to global
+// expert 3 = local 1, so every per-expert tensor is read at a non-zero offset. H=2, I=1, gated silu.
+TEST(ReferenceExperts, W8A8ByHand) {
+  MoeConfig c = small_config(4, 1);
+  c.dtype = DType::BF16;
+  c.quant = Quant::W8A8Int8;
+  c.hidden = 2;
+  c.moe_intermediate = 1;
+  c.ep_size = 2;
+  c.ep_rank = 1;
+  Weights wt;
+  wt.input_smooth = {1, 1, 2, 2, 3, 3,  // global experts 0..2: must not be used
+                     127, 1.25};        // global expert 3
+  wt.w13 = {7, 7, 7, 7,                 // local 0: must not be used
+            1, 2, -1, 1};               // local 1: gate [1 2], up [-1 1]
+  wt.w13_scale = {9, 9, 0.5, 0.25};
+  wt.act_smooth = {9, 2};
+  wt.w2 = {9, 9, 3, -5};  // [E_loc, H=2, I=1]
+  wt.w2_scale = {9, 9, 0.1, 0.2};
+  Experts ex = experts(c, 1, {1, -2}, {3}, {1.0}, wt, {});
+  // x = [127, -2.5] -> scale 1, q = [127, -2] (round half to even).
+  // gate = (127 - 4) * 1 * 0.5 = 61.5; up = (-127 - 2) * 0.25 = -32.25.
+  const double act = silu(61.5) * -32.25 * 2;
+  ASSERT_EQ(ex.act.size(), 1u);
+  EXPECT_NEAR(ex.act[0], act, 1e-12);
+  // act re-quantizes to q2 = -127 with scale |act| / 127, so Y = [3 * act * 0.1, -5 * act * 0.2].
+  ASSERT_EQ(ex.out.size(), 2u);
+  EXPECT_NEAR(ex.out[0], 3 * act * 0.1, 1e-10);
+  EXPECT_NEAR(ex.out[1], -5 * act * 0.2, 1e-10);
+}
+
+// ---------------------------------------------------------------- quantize_row, relative_error
+
+TEST(ReferenceQuant, QuantizeRowExamples) {
+  std::vector<double> x = {127, 2.5, -2.5, 3.5, 0.5, -1.5, -127, 0};
+  std::vector<double> q(x.size());
+  double scale = -1;
+  quantize_row(x.data(), x.size(), q.data(), &scale);
+  EXPECT_EQ(scale, 1.0);
+  EXPECT_EQ(q, (std::vector<double>{127, 2, -2, 4, 0, -2, -127, 0}));
+
+  std::vector<double> y = {254, 5, 3, -7};  // scale 2: 2.5 -> 2, 1.5 -> 2, -3.5 -> -4
+  q.assign(y.size(), -1);
+  quantize_row(y.data(), y.size(), q.data(), &scale);
+  EXPECT_EQ(scale, 2.0);
+  EXPECT_EQ(q, (std::vector<double>{127, 2, 2, -4}));
+
+  std::vector<double> z = {0, -0.0, 0};
+  q.assign(z.size(), -1);
+  quantize_row(z.data(), z.size(), q.data(), &scale);
+  EXPECT_EQ(scale, 0.0);
+  EXPECT_EQ(q, (std::vector<double>{0, 0, 0}));
+
+  std::vector<double> n = {-3.0, 1.0};  // the max magnitude is negative: -> -127
+  q.assign(n.size(), 0);
+  quantize_row(n.data(), n.size(), q.data(), &scale);
+  EXPECT_DOUBLE_EQ(scale, 3.0 / 127);
+  EXPECT_EQ(q[0], -127);
+  EXPECT_EQ(q[1], 42);  // 42.33
+}
+
+TEST(ReferenceError, RelativeErrorEdgeCases) {
+  EXPECT_EQ(relative_error({}, {}), 0.0);
+  EXPECT_EQ(relative_error({0, 0}, {0, 0}), 0.0);
+  EXPECT_EQ(relative_error({0, 0}, {0, 1e-300}), kInf);
+  EXPECT_DOUBLE_EQ(relative_error({3, 4}, {3, 4.5}), 0.1);
+  EXPECT_EQ(relative_error({3, 4}, {3, 4}), 0.0);
+  EXPECT_EQ(relative_error({1, 2}, {1, kNaN}), kInf);
+  EXPECT_EQ(relative_error({1, kNaN}, {1, 2}), kInf);
+  EXPECT_EQ(relative_error({1, kInf}, {1, kInf}), kInf);
+  EXPECT_EQ(relative_error({1, 2}, {-kInf, 2}), kInf);
+  // No overflow or underflow in the squares.
+  EXPECT_NEAR(relative_error({1e200, 1e200}, {1e200, 1.1e200}), 0.1 / std::sqrt(2.0), 1e-12);
+  EXPECT_NEAR(relative_error({1e-200, 1e-200}, {1e-200, 1.1e-200}), 0.1 / std::sqrt(2.0), 1e-12);
+  EXPECT_NEAR(relative_error({1e308, 1e308}, {-1e308, 1e308}), 2 / std::sqrt(2.0), 1e-12);
+  EXPECT_THROW(relative_error({1}, {1, 2}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace moejit::reference

@@ -1,0 +1,461 @@
+// The float64 CPU reference of SPEC.md, written from the spec alone (no code shared with
+// templates/). Plain loops in double precision; the innermost loops walk contiguous memory.
+//
+// Choices where SPEC.md leaves room (see also reference.h):
+// - All routing math is done in double, on the logits widened to double. Non-finite logits (and
+//   bias values) are mapped first: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX, with
+//   FLT_MAX the float constant taken as a double. Finite values are used as given.
+// - Groups apply when num_expert_group > 1, for any topk_method that validate() accepts
+//   (group_limited_greedy: group score = max q; noaux_tc: sum of the two largest q; a group of one
+//   expert, which validate() rejects for noaux_tc, would score its single q).
+// - near_tie[t] is set when, for token t, any of these pairs of selection scores is "close"
+//   (|a - b| <= 1e-6 * max(|a|, |b|, 1e-30)):
+//     * group boundary (only when groups apply and topk_group < G): the topk_group-th best group
+//       score and the next best group score (the order among kept groups does not change any
+//       output, so it is not checked);
+//     * expert selection: among the allowed experts sorted by descending q (ties to the lower
+//       index), each adjacent pair (r, r+1) for r = 1..K, i.e. every step of a sequential argmax
+//       (the chosen one against the runner-up), which covers both the K-th vs (K+1)-th boundary
+//       (which experts are chosen) and the order of the K outputs (ids and weights are ordered).
+//   The 1e-30 floor makes values below ~1e-36 apart count as ties, so scores that underflow to 0
+//   or to subnormals in float32 (e.g. softmax of logits far below the row max) are marked too.
+// - renormalize: w /= sum(w) only when the sum is not 0; routed_scaling_factor always applies after.
+// - Every entry point calls validate(config) and throws std::invalid_argument for tensor sizes
+//   that do not match the config, or ids outside [0, E).
+#include "tests/reference/reference.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace moejit::reference {
+namespace {
+
+constexpr double kFltMax = static_cast<double>(FLT_MAX);
+constexpr double kTieRelative = 1e-6;
+constexpr double kTieFloor = 1e-30;
+
+void require_size(const char* what, size_t got, int64_t want) {
+  if (want < 0 || got != static_cast<size_t>(want))
+    throw std::invalid_argument(std::string("moejit reference: ") + what + " has " + std::to_string(got) +
+                                " elements, expected " + std::to_string(want));
+}
+
+double sanitize(double v) {
+  if (std::isnan(v)) return -kFltMax;
+  if (std::isinf(v)) return v > 0 ? kFltMax : -kFltMax;
+  return v;
+}
+
+bool close(double a, double b) {
+  double m = std::max({std::fabs(a), std::fabs(b), kTieFloor});
+  return std::fabs(a - b) <= kTieRelative * m;
+}
+
+double sigmoid(double x) {
+  // Stable for any finite x: no inf/inf.
+  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
+  double e = std::exp(x);
+  return e / (1.0 + e);
+}
+
+double activation(Activation kind, double x) {
+  switch (kind) {
+    case Activation::Silu:
+      return x * sigmoid(x);
+    case Activation::Gelu:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::GeluTanh: {
+      const double c = std::sqrt(2.0 / std::numbers::pi);
+      return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+    }
+  }
+  throw std::invalid_argument("moejit reference: unknown activation");
+}
+
+// Indices 0..n-1 ordered by descending score, ties to the lower index.
+std::vector<int> order_desc(const std::vector<double>& score, const std::vector<int>& candidates) {
+  std::vector<int> order = candidates;
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    if (score[a] != score[b]) return score[a] > score[b];
+    return a < b;
+  });
+  return order;
+}
+
+// out[r, n] = sum_k a[r, k] * W(n, k) for r < rows, n < n_out, k < kd.
+// W is stored [n_out, kd] (NK, k contiguous) or [kd, n_out] (KN, n contiguous).
+// Rows are taken in tiles so the weight rows are reused from cache across a tile.
+void gemm(const double* a, int64_t rows, int64_t kd, const double* w, int64_t n_out, WeightLayout layout,
+          double* out) {
+  constexpr int64_t kTile = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = std::min(rows, r0 + kTile);
+    if (layout == WeightLayout::NK) {
+      for (int64_t n = 0; n < n_out; ++n) {
+        const double* wrow = w + n * kd;
+        int64_t r = r0;
+        // Four rows at a time: independent accumulators, each still a plain sum in k order.
+        for (; r + 4 <= r1; r += 4) {
+          const double *a0 = a + r * kd, *a1 = a0 + kd, *a2 = a1 + kd, *a3 = a2 + kd;
+          double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
+          for (int64_t k = 0; k < kd; ++k) {
+            const double wk = wrow[k];
+            c0 += a0[k] * wk;
+            c1 += a1[k] * wk;
+            c2 += a2[k] * wk;
+            c3 += a3[k] * wk;
+          }
+          out[r * n_out + n] = c0;
+          out[(r + 1) * n_out + n] = c1;
+          out[(r + 2) * n_out + n] = c2;
+          out[(r + 3) * n_out + n] = c3;
+        }
+        for (; r < r1; ++r) {
+          const double* arow = a + r * kd;
+          double acc = 0.0;
+          for (int64_t k = 0; k < kd; ++k) acc += arow[k] * wrow[k];
+          out[r * n_out + n] = acc;
+        }
+      }
+    } else {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t n = 0; n < n_out; ++n) out[r * n_out + n] = 0.0;
+      for (int64_t k = 0; k < kd; ++k) {
+        const double* wrow = w + k * n_out;
+        for (int64_t r = r0; r < r1; ++r) {
+          const double av = a[r * kd + k];
+          double* orow = out + r * n_out;
+          for (int64_t n = 0; n < n_out; ++n) orow[n] += av * wrow[n];
+        }
+      }
+    }
+  }
+}
+
+// sqrt(sum v^2), scaled by the largest magnitude so the squares neither overflow nor underflow.
+double frobenius(const std::vector<double>& v) {
+  double scale = 0.0;
+  for (double x : v) scale = std::max(scale, std::fabs(x));
+  if (scale == 0.0 || !std::isfinite(scale)) return scale;
+  double sum = 0.0;
+  for (double x : v) {
+    const double r = x / scale;
+    sum += r * r;
+  }
+  return scale * std::sqrt(sum);
+}
+
+}  // namespace
+
+Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>& logits,
+              const std::vector<double>& bias) {
+  validate(config);
+  if (tokens < 0) throw std::invalid_argument("moejit reference: tokens < 0");
+  const int E = config.experts;
+  const int K = config.topk;
+  const bool noaux = config.topk_method == TopkMethod::NoauxTc;
+  require_size("router logits", logits.size(), tokens * E);
+  if (noaux)
+    require_size("e_score_correction_bias", bias.size(), E);
+  else
+    require_size("e_score_correction_bias (only for noaux_tc)", bias.size(), 0);
+
+  const int G = config.num_expert_group;
+  const bool grouped = G > 1;
+  const int group_size = E / G;
+  const int keep_groups = config.topk_group;
+
+  std::vector<double> clean_bias(E, 0.0);
+  if (noaux)
+    for (int e = 0; e < E; ++e) clean_bias[e] = sanitize(bias[e]);
+
+  std::vector<int> all_experts(E);
+  std::iota(all_experts.begin(), all_experts.end(), 0);
+  std::vector<int> all_groups(G);
+  std::iota(all_groups.begin(), all_groups.end(), 0);
+
+  Routing r;
+  r.weights.assign(tokens * K, 0.0);
+  r.ids.assign(tokens * K, 0);
+  r.near_tie.assign(tokens, false);
+
+  std::vector<double> x(E), p(E), q(E), gscore(G);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int e = 0; e < E; ++e) x[e] = sanitize(logits[t * E + e]);
+
+    if (config.scoring == Scoring::Softmax) {
+      double m = x[0];
+      for (int e = 1; e < E; ++e) m = std::max(m, x[e]);
+      double sum = 0.0;
+      for (int e = 0; e < E; ++e) {
+        p[e] = std::exp(x[e] - m);
+        sum += p[e];
+      }
+      for (int e = 0; e < E; ++e) p[e] /= sum;  // sum >= 1: the max term is exp(0)
+    } else {
+      for (int e = 0; e < E; ++e) p[e] = sigmoid(x[e]);
+    }
+    for (int e = 0; e < E; ++e) q[e] = p[e] + clean_bias[e];
+
+    bool tie = false;
+    std::vector<int> allowed;
+    if (grouped) {
+      for (int g = 0; g < G; ++g) {
+        const double* qg = q.data() + static_cast<int64_t>(g) * group_size;
+        if (noaux && group_size >= 2) {
+          double best = -INFINITY, second = -INFINITY;
+          for (int i = 0; i < group_size; ++i) {
+            if (qg[i] > best) {
+              second = best;
+              best = qg[i];
+            } else if (qg[i] > second) {
+              second = qg[i];
+            }
+          }
+          gscore[g] = best + second;
+        } else {
+          double best = qg[0];
+          for (int i = 1; i < group_size; ++i) best = std::max(best, qg[i]);
+          gscore[g] = best;
+        }
+      }
+      std::vector<int> gorder = order_desc(gscore, all_groups);
+      if (keep_groups < G && close(gscore[gorder[keep_groups - 1]], gscore[gorder[keep_groups]])) tie = true;
+      std::vector<bool> kept(G, false);
+      for (int i = 0; i < keep_groups; ++i) kept[gorder[i]] = true;
+      for (int e = 0; e < E; ++e)
+        if (kept[e / group_size]) allowed.push_back(e);
+    } else {
+      allowed = all_experts;
+    }
+
+    std::vector<int> order = order_desc(q, allowed);
+    if (static_cast<int>(order.size()) < K)  // validate() rules this out
+      throw std::invalid_argument("moejit reference: fewer allowed experts than topk");
+    for (int j = 0; j < K; ++j)
+      if (j + 1 < static_cast<int>(order.size()) && close(q[order[j]], q[order[j + 1]])) tie = true;
+
+    double* w = r.weights.data() + t * K;
+    int* ids = r.ids.data() + t * K;
+    double sum = 0.0;
+    for (int j = 0; j < K; ++j) {
+      ids[j] = order[j];
+      w[j] = p[order[j]];
+      sum += w[j];
+    }
+    if (config.renormalize && sum != 0.0)
+      for (int j = 0; j < K; ++j) w[j] /= sum;
+    for (int j = 0; j < K; ++j) w[j] *= config.routed_scaling_factor;
+    r.near_tie[t] = tie;
+  }
+  return r;
+}
+
+Index index(const MoeConfig& config, int64_t tokens, const std::vector<int>& ids) {
+  validate(config);
+  if (tokens < 0) throw std::invalid_argument("moejit reference: tokens < 0");
+  const int E = config.experts;
+  const int K = config.topk;
+  const int e_loc = config.local_experts();
+  const int s = config.first_local_expert();
+  const int64_t M = tokens * K;
+  require_size("topk_ids", ids.size(), M);
+
+  Index ix;
+  ix.counts.assign(e_loc, 0);
+  ix.offsets.assign(e_loc + 1, 0);
+  ix.pair_pos.assign(M, -1);
+  for (int64_t f = 0; f < M; ++f) {
+    const int e = ids[f];
+    if (e < 0 || e >= E)
+      throw std::invalid_argument("moejit reference: topk_ids[" + std::to_string(f) + "] = " + std::to_string(e) +
+                                  " is outside [0, " + std::to_string(E) + ")");
+    if (e >= s && e < s + e_loc) ix.counts[e - s]++;
+  }
+  for (int l = 0; l < e_loc; ++l) ix.offsets[l + 1] = ix.offsets[l] + ix.counts[l];
+  ix.sorted_pair.assign(ix.offsets[e_loc], -1);
+  std::vector<int> next(ix.offsets.begin(), ix.offsets.end() - 1);
+  for (int64_t f = 0; f < M; ++f) {  // ascending f: a stable sort
+    const int e = ids[f];
+    if (e < s || e >= s + e_loc) continue;
+    const int pos = next[e - s]++;
+    ix.sorted_pair[pos] = static_cast<int>(f);
+    ix.pair_pos[f] = pos;
+  }
+  return ix;
+}
+
+Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<double>& hidden,
+                const std::vector<int>& ids, const std::vector<double>& topk_weights, const Weights& weights,
+                const std::vector<double>& residual) {
+  validate(config);
+  const int K = config.topk;
+  const int E = config.experts;
+  const int e_loc = config.local_experts();
+  const int s = config.first_local_expert();
+  const int64_t H = config.hidden;
+  const int64_t I = config.local_intermediate();
+  const int64_t N1 = config.gemm1_rows();
+  const bool w8a8 = config.quant == Quant::W8A8Int8;
+  const WeightLayout layout = config.weight_layout;
+
+  require_size("hidden", hidden.size(), tokens * H);
+  require_size("topk_weights", topk_weights.size(), tokens * K);
+  require_size("w13", weights.w13.size(), e_loc * N1 * H);
+  require_size("w2", weights.w2.size(), e_loc * H * I);
+  if (!residual.empty()) require_size("residual", residual.size(), tokens * H);
+  if (w8a8) {
+    require_size("w13_scale", weights.w13_scale.size(), e_loc * N1);
+    require_size("w2_scale", weights.w2_scale.size(), e_loc * H);
+    require_size("input_smooth", weights.input_smooth.size(), static_cast<int64_t>(E) * H);
+    require_size("act_smooth", weights.act_smooth.size(), e_loc * I);
+  }
+
+  Experts ex;
+  ex.index = index(config, tokens, ids);
+  const Index& ix = ex.index;
+  const int64_t rows_total = ix.offsets[e_loc];
+  ex.act.assign(rows_total * I, 0.0);
+  ex.y.assign(rows_total * H, 0.0);
+
+  std::vector<double> a, g1, qa, sa, qact, sact;
+  for (int l = 0; l < e_loc; ++l) {
+    const int64_t begin = ix.offsets[l];
+    const int64_t rows = ix.counts[l];
+    if (rows == 0) continue;
+    const int global_e = s + l;
+    const double* w13 = weights.w13.data() + l * N1 * H;
+    const double* w2 = weights.w2.data() + l * H * I;
+    double* act = ex.act.data() + begin * I;
+    double* y = ex.y.data() + begin * H;
+
+    // Stage 3: expand (gather the token rows of this expert).
+    a.assign(rows * H, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = ix.sorted_pair[begin + r] / K;
+      for (int64_t h = 0; h < H; ++h) a[r * H + h] = hidden[t * H + h];
+    }
+
+    // Stage 4: GEMM 1.
+    g1.assign(rows * N1, 0.0);
+    if (!w8a8) {
+      gemm(a.data(), rows, H, w13, N1, layout, g1.data());
+    } else {
+      const double* smooth = weights.input_smooth.data() + global_e * H;
+      qa.assign(rows * H, 0.0);
+      sa.assign(rows, 0.0);
+      std::vector<double> xrow(H);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < H; ++h) xrow[h] = a[r * H + h] * smooth[h];
+        quantize_row(xrow.data(), H, qa.data() + r * H, &sa[r]);
+      }
+      gemm(qa.data(), rows, H, w13, N1, layout, g1.data());
+      const double* ws = weights.w13_scale.data() + l * N1;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = 0; n < N1; ++n) g1[r * N1 + n] = g1[r * N1 + n] * sa[r] * ws[n];
+    }
+
+    // Activation.
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* gr = g1.data() + r * N1;
+      for (int64_t i = 0; i < I; ++i) {
+        double v = activation(config.activation, gr[i]);
+        if (config.gated) v *= gr[I + i];
+        act[r * I + i] = v;
+      }
+    }
+    if (w8a8) {
+      const double* smooth = weights.act_smooth.data() + l * I;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < I; ++i) act[r * I + i] *= smooth[i];
+    }
+
+    // Stage 5: GEMM 2.
+    if (!w8a8) {
+      gemm(act, rows, I, w2, H, layout, y);
+    } else {
+      qact.assign(rows * I, 0.0);
+      sact.assign(rows, 0.0);
+      for (int64_t r = 0; r < rows; ++r) quantize_row(act + r * I, I, qact.data() + r * I, &sact[r]);
+      gemm(qact.data(), rows, I, w2, H, layout, y);
+      const double* ws = weights.w2_scale.data() + l * H;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < H; ++h) y[r * H + h] = y[r * H + h] * sact[r] * ws[h];
+    }
+  }
+
+  // Stage 6: combine (+ residual).
+  ex.out.assign(tokens * H, 0.0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    double* o = ex.out.data() + t * H;
+    for (int j = 0; j < K; ++j) {
+      const int pos = ix.pair_pos[t * K + j];
+      if (pos < 0) continue;
+      const double w = topk_weights[t * K + j];
+      const double* yr = ex.y.data() + static_cast<int64_t>(pos) * H;
+      for (int64_t h = 0; h < H; ++h) o[h] += w * yr[h];
+    }
+    if (!residual.empty())
+      for (int64_t h = 0; h < H; ++h) o[h] += residual[t * H + h];
+  }
+  return ex;
+}
+
+Layer layer(const MoeConfig& config, int64_t tokens, const std::vector<double>& hidden,
+            const std::vector<double>& logits, const std::vector<double>& bias, const Weights& weights,
+            const std::vector<double>& residual) {
+  Layer out;
+  out.routing = route(config, tokens, logits, bias);
+  out.experts = experts(config, tokens, hidden, out.routing.ids, out.routing.weights, weights, residual);
+  return out;
+}
+
+double relative_error(const std::vector<double>& ref, const std::vector<double>& got) {
+  if (ref.size() != got.size())
+    throw std::invalid_argument("moejit reference: relative_error of sizes " + std::to_string(ref.size()) +
+                                " and " + std::to_string(got.size()));
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (!std::isfinite(ref[i]) || !std::isfinite(got[i])) return INFINITY;
+  // Divide by a power of two near the largest magnitude first (exact, barring subnormals) so that
+  // neither got - ref nor the squares overflow.
+  double amax = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) amax = std::max({amax, std::fabs(ref[i]), std::fabs(got[i])});
+  if (amax == 0.0) return 0.0;  // both all zero (or empty)
+  const double s = std::ldexp(1.0, std::ilogb(amax));
+  std::vector<double> r(ref.size()), d(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    r[i] = ref[i] / s;
+    d[i] = got[i] / s - r[i];
+  }
+  const double num = frobenius(d);
+  const double den = frobenius(r);
+  if (num == 0.0) return 0.0;
+  if (den == 0.0) return INFINITY;  // ref is zero and got is not
+  return num / den;
+}
+
+void quantize_row(const double* x, int64_t n, double* q, double* scale) {
+  double amax = 0.0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const double sc = amax / 127.0;
+  *scale = sc;
+  for (int64_t i = 0; i < n; ++i) {
+    if (sc == 0.0) {
+      q[i] = 0.0;
+      continue;
+    }
+    const double v = x[i] / sc;
+    // Round half to even, independent of the floating-point rounding mode.
+    double r = std::floor(v);
+    const double frac = v - r;
+    if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;
+    q[i] = std::clamp(r, -127.0, 127.0);
+  }
+}
+
+}  // namespace moejit::reference

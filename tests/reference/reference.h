@@ -1,0 +1,73 @@
+// The float64 CPU reference of every stage of SPEC.md. Written from the spec alone, it shares no
+// code with the generated kernels; the GPU tests compare against it. Inputs are the values the
+// device sees (already rounded to bf16/fp16/int8), widened to double.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compiler/moe_config.h"
+
+namespace moejit::reference {
+
+// Stage 1. logits [T, E]; bias [E] (empty unless topk_method is noaux_tc).
+struct Routing {
+  std::vector<double> weights;   // [T, K]
+  std::vector<int> ids;          // [T, K]
+  // Per token: true when some selection (a group or an expert) was decided between candidates whose
+  // selection scores differ by at most 1e-6 relative; ids may then legitimately differ from a
+  // float32 implementation (SPEC.md's tolerance rule).
+  std::vector<bool> near_tie;    // [T]
+};
+Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>& logits,
+              const std::vector<double>& bias);
+
+// Stage 2 for this rank (config.ep_rank): stable counting sort of the flat pairs by local expert.
+struct Index {
+  std::vector<int> counts;       // [E_loc]
+  std::vector<int> offsets;      // [E_loc + 1]
+  std::vector<int> sorted_pair;  // [offsets[E_loc]] position -> flat pair
+  std::vector<int> pair_pos;     // [T*K] flat pair -> position, -1 when the expert is not local
+};
+Index index(const MoeConfig& config, int64_t tokens, const std::vector<int>& ids);
+
+// Weights as the device holds them, widened to double (int8 values as integers for w8a8).
+struct Weights {
+  std::vector<double> w13;           // [E_loc, N1, H] in the config's weight_layout (nk or kn)
+  std::vector<double> w2;            // [E_loc, H, I] (nk) or [E_loc, I, H] (kn)
+  std::vector<double> w13_scale;     // [E_loc, N1]  (w8a8)
+  std::vector<double> w2_scale;      // [E_loc, H]   (w8a8)
+  std::vector<double> input_smooth;  // [E, H]       (w8a8)
+  std::vector<double> act_smooth;    // [E_loc, I]   (w8a8)
+};
+
+// Stages 3-6 given a routing (so GEMM checks do not depend on routing ties).
+struct Experts {
+  Index index;
+  std::vector<double> act;   // [offsets[E_loc], I]: activation rows in expert-sorted order
+                             // (w8a8: after act_smooth, before re-quantization)
+  std::vector<double> y;     // [offsets[E_loc], H]: GEMM 2 rows in expert-sorted order
+  std::vector<double> out;   // [T, H]: combine (+ residual)
+};
+Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<double>& hidden,
+                const std::vector<int>& ids, const std::vector<double>& topk_weights, const Weights& weights,
+                const std::vector<double>& residual /* [T, H] or empty */);
+
+// The whole layer: route, then experts.
+struct Layer {
+  Routing routing;
+  Experts experts;
+};
+Layer layer(const MoeConfig& config, int64_t tokens, const std::vector<double>& hidden,
+            const std::vector<double>& logits, const std::vector<double>& bias, const Weights& weights,
+            const std::vector<double>& residual);
+
+// ||got - ref||_F / ||ref||_F; 0 when both are zero; +inf when ref is zero and got is not, or any
+// value is NaN or infinite.
+double relative_error(const std::vector<double>& ref, const std::vector<double>& got);
+
+// SPEC.md w8a8 row quantization: scale = max|x| / 127, q = round-half-even(x / scale) clamped to
+// [-127, 127]; a zero row gives scale 0 and q 0.
+void quantize_row(const double* x, int64_t n, double* q, double* scale);
+
+}  // namespace moejit::reference
