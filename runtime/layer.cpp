@@ -89,66 +89,38 @@ class LayerImpl final : public Layer {
 
   void forward(void* stream_handle, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
                size_t workspace_size) const override {
-    check_arguments(tokens, in, output, workspace, workspace_size);
+    check_routing_arguments(tokens, in.router_logits, in.e_score_correction_bias);
+    check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
     CUstream stream = static_cast<CUstream>(stream_handle);
     const std::vector<CUfunction>& fn = functions_for(stream);
-
-    const MoeConfig& c = config();
-    const Plan& p = plan();
-    const bool w8a8 = c.quant == Quant::W8A8Int8;
-    const WorkspaceOffsets o = workspace_offsets(c, tokens);
+    const WorkspaceOffsets o = workspace_offsets(config(), tokens);
     char* ws = static_cast<char*>(workspace);
-    auto buf = [&](int64_t offset) { return offset < 0 ? nullptr : ws + offset; };
-    auto ints = [&](int64_t offset) { return reinterpret_cast<int*>(buf(offset)); };
-    auto floats = [&](int64_t offset) { return reinterpret_cast<float*>(buf(offset)); };
+    float* weights = reinterpret_cast<float*>(ws + o.topk_weights);
+    int* ids = reinterpret_cast<int*>(ws + o.topk_ids);
+    launch_routing(fn, stream, tokens, in.router_logits, in.e_score_correction_bias, weights, ids);
+    launch_experts(fn, stream, tokens, ids, weights, in, output, ws, o);
+  }
 
-    size_t bucket = 0;
-    while (bucket + 1 < p.buckets.size() && tokens > p.buckets[bucket].max_tokens) ++bucket;
-    const TokenBucket& b = p.buckets[bucket];
-    const int64_t pairs = tokens * c.topk;
-    const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
-    const int64_t row_tiles = max_row_tiles(c, tokens, b.gemm1.bm);
+  void route(void* stream_handle, int64_t tokens, const void* router_logits, const float* bias, float* topk_weights,
+             int* topk_ids) const override {
+    check_routing_arguments(tokens, router_logits, bias);
+    check_pointer(topk_weights, "topk_weights", 4);
+    check_pointer(topk_ids, "topk_ids", 4);
+    if (tokens == 0) return;
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    launch_routing(functions_for(stream), stream, tokens, router_logits, bias, topk_weights, topk_ids);
+  }
 
-    RouteArgs route{in.router_logits, in.e_score_correction_bias, floats(o.topk_weights), ints(o.topk_ids), tokens};
-    launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &route);
-
-    IndexArgs index{ints(o.topk_ids),      pairs,
-                    c.first_local_expert(), b.gemm1.bm,
-                    ints(o.block_counts),  ints(o.expert_counts),
-                    ints(o.expert_offsets), ints(o.sorted_pair),
-                    ints(o.pair_pos),      ints(o.tile_expert),
-                    ints(o.tile_row),      ints(o.num_tiles)};
-    launch(fn, roles_.index_count, stream, {index_blocks, 1}, &index);
-    launch(fn, roles_.index_scan, stream, {1, 1}, &index);
-    launch(fn, roles_.index_scatter, stream, {index_blocks, 1}, &index);
-
-    if (w8a8) {
-      QuantizeArgs expand{in.hidden,         ints(o.sorted_pair), ints(o.topk_ids),
-                          ints(o.expert_offsets), c.first_local_expert(), in.input_smooth,
-                          reinterpret_cast<signed char*>(buf(o.a_q)), floats(o.a_scale)};
-      launch(fn, roles_.quantize_expand, stream, {pairs, 1}, &expand);
-    }
-
-    GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
-                   in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
-                   ints(o.num_tiles), ints(o.expert_offsets)};
-    launch(fn, roles_.gemm1[bucket], stream, {row_tiles, ceil_div(c.local_intermediate(), b.gemm1.bn)}, &gemm1);
-
-    if (w8a8) {
-      QuantizeArgs requant{buf(o.act_f32),         ints(o.sorted_pair), ints(o.topk_ids), ints(o.expert_offsets),
-                           c.first_local_expert(), nullptr,             reinterpret_cast<signed char*>(buf(o.act_q)),
-                           floats(o.act_scale)};
-      launch(fn, roles_.quantize_act, stream, {pairs, 1}, &requant);
-    }
-
-    GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
-                   nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
-                   ints(o.expert_offsets)};
-    launch(fn, roles_.gemm2[bucket], stream, {row_tiles, ceil_div(c.hidden, b.gemm2.bn)}, &gemm2);
-
-    CombineArgs combine{buf(o.y), floats(o.topk_weights), ints(o.pair_pos), in.residual, output, tokens};
-    launch(fn, roles_.combine, stream, {tokens, 1}, &combine);
+  void experts(void* stream_handle, int64_t tokens, const int* topk_ids, const float* topk_weights,
+               const LayerInputs& in, void* output, void* workspace, size_t workspace_size) const override {
+    check_pointer(topk_ids, "topk_ids", 4);
+    check_pointer(topk_weights, "topk_weights", 4);
+    check_expert_arguments(tokens, in, output, workspace, workspace_size);
+    if (tokens == 0) return;
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    launch_experts(functions_for(stream), stream, tokens, topk_ids, topk_weights, in, output,
+                   static_cast<char*>(workspace), workspace_offsets(config(), tokens));
   }
 
  private:
@@ -175,34 +147,106 @@ class LayerImpl final : public Layer {
     if (r != CUDA_SUCCESS) check_cuda(r, k.entry.c_str());
   }
 
-  void check_arguments(int64_t tokens, const LayerInputs& in, const void* output, const void* workspace,
-                       size_t workspace_size) const {
+  void launch_routing(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const void* logits,
+                      const float* bias, float* weights, int* ids) const {
+    RouteArgs route{logits, bias, weights, ids, tokens};
+    launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &route);
+  }
+
+  void launch_experts(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const int* ids,
+                      const float* weights, const LayerInputs& in, void* output, char* ws,
+                      const WorkspaceOffsets& o) const {
+    const MoeConfig& c = config();
+    const Plan& p = plan();
+    const bool w8a8 = c.quant == Quant::W8A8Int8;
+    auto buf = [&](int64_t offset) { return offset < 0 ? nullptr : ws + offset; };
+    auto ints = [&](int64_t offset) { return reinterpret_cast<int*>(buf(offset)); };
+    auto floats = [&](int64_t offset) { return reinterpret_cast<float*>(buf(offset)); };
+
+    size_t bucket = 0;
+    while (bucket + 1 < p.buckets.size() && tokens > p.buckets[bucket].max_tokens) ++bucket;
+    const TokenBucket& b = p.buckets[bucket];
+    const int64_t pairs = tokens * c.topk;
+    const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
+    const int64_t row_tiles = max_row_tiles(c, tokens, b.gemm1.bm);
+
+    IndexArgs index{ids,                   pairs,
+                    c.first_local_expert(), b.gemm1.bm,
+                    ints(o.block_counts),  ints(o.expert_counts),
+                    ints(o.expert_offsets), ints(o.sorted_pair),
+                    ints(o.pair_pos),      ints(o.tile_expert),
+                    ints(o.tile_row),      ints(o.num_tiles)};
+    launch(fn, roles_.index_count, stream, {index_blocks, 1}, &index);
+    launch(fn, roles_.index_scan, stream, {1, 1}, &index);
+    launch(fn, roles_.index_scatter, stream, {index_blocks, 1}, &index);
+
+    if (w8a8) {
+      QuantizeArgs expand{in.hidden,         ints(o.sorted_pair),    ids,
+                          ints(o.expert_offsets), c.first_local_expert(), in.input_smooth,
+                          reinterpret_cast<signed char*>(buf(o.a_q)), floats(o.a_scale)};
+      launch(fn, roles_.quantize_expand, stream, {pairs, 1}, &expand);
+    }
+
+    GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
+                   in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
+                   ints(o.num_tiles), ints(o.expert_offsets)};
+    launch(fn, roles_.gemm1[bucket], stream, {row_tiles, ceil_div(c.local_intermediate(), b.gemm1.bn)}, &gemm1);
+
+    if (w8a8) {
+      QuantizeArgs requant{buf(o.act_f32),         ints(o.sorted_pair), ids, ints(o.expert_offsets),
+                           c.first_local_expert(), nullptr,             reinterpret_cast<signed char*>(buf(o.act_q)),
+                           floats(o.act_scale)};
+      launch(fn, roles_.quantize_act, stream, {pairs, 1}, &requant);
+    }
+
+    GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
+                   nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
+                   ints(o.expert_offsets)};
+    launch(fn, roles_.gemm2[bucket], stream, {row_tiles, ceil_div(c.hidden, b.gemm2.bn)}, &gemm2);
+
+    CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
+    launch(fn, roles_.combine, stream, {tokens, 1}, &combine);
+  }
+
+  static void check_pointer(const void* p, const char* name, size_t alignment) {
+    if (!p) throw InvalidInput(fmt::format("{}: null pointer; this layer needs it", name));
+    if (!aligned(p, alignment))
+      throw InvalidInput(fmt::format("{}: pointer {} is not {}-byte aligned", name, p, alignment));
+  }
+
+  void check_tokens(int64_t tokens) const {
     const MoeConfig& c = config();
     if (tokens < 0 || tokens * c.topk >= (int64_t{1} << 31))
       throw InvalidInput(fmt::format("tokens: {} is out of range; allowed 0..{} for topk {}", tokens,
                                      ((int64_t{1} << 31) - 1) / c.topk, c.topk));
-    auto require = [&](const void* p, const char* name, size_t alignment) {
-      if (!p) throw InvalidInput(fmt::format("{}: null pointer; this layer needs it", name));
-      if (!aligned(p, alignment))
-        throw InvalidInput(fmt::format("{}: pointer {} is not {}-byte aligned", name, p, alignment));
-    };
-    require(in.hidden, "hidden", 16);
-    require(in.router_logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
-    require(in.w13, "w13", 16);
-    require(in.w2, "w2", 16);
-    require(output, "output", 16);
-    if (c.topk_method == TopkMethod::NoauxTc) require(in.e_score_correction_bias, "e_score_correction_bias", 4);
+  }
+
+  void check_routing_arguments(int64_t tokens, const void* logits, const float* bias) const {
+    const MoeConfig& c = config();
+    check_tokens(tokens);
+    check_pointer(logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
+    if (c.topk_method == TopkMethod::NoauxTc) check_pointer(bias, "e_score_correction_bias", 4);
+  }
+
+  void check_expert_arguments(int64_t tokens, const LayerInputs& in, const void* output, const void* workspace,
+                              size_t workspace_size) const {
+    const MoeConfig& c = config();
+    check_tokens(tokens);
+    check_pointer(in.hidden, "hidden", 16);
+    check_pointer(in.w13, "w13", 16);
+    check_pointer(in.w2, "w2", 16);
+    check_pointer(output, "output", 16);
     if (c.quant == Quant::W8A8Int8) {
-      require(in.w13_scale, "w13_scale", 4);
-      require(in.w2_scale, "w2_scale", 4);
-      require(in.input_smooth, "input_smooth", 4);
-      require(in.act_smooth, "act_smooth", 4);
+      check_pointer(in.w13_scale, "w13_scale", 4);
+      check_pointer(in.w2_scale, "w2_scale", 4);
+      check_pointer(in.input_smooth, "input_smooth", 4);
+      check_pointer(in.act_smooth, "act_smooth", 4);
     }
     if (in.residual && !aligned(in.residual, 16))
       throw InvalidInput(fmt::format("residual: pointer {} is not 16-byte aligned", in.residual));
     if (tokens == 0) return;
     const int64_t needed = workspace_offsets(c, tokens).total_bytes;
-    require(workspace, "workspace", 256);
+    check_pointer(workspace, "workspace", 256);
     if (static_cast<int64_t>(workspace_size) < needed)
       throw InvalidInput(fmt::format("workspace: {} bytes is too small; {} tokens need {} bytes (workspace_bytes())",
                                      workspace_size, tokens, needed));

@@ -61,6 +61,17 @@ class Layer {
   virtual void forward(void* stream, int64_t tokens, const LayerInputs& inputs, void* output, void* workspace,
                        size_t workspace_size) const = 0;
 
+  // Stage 1 alone: topk_weights [T, K] fp32 and topk_ids [T, K] int32 from the router logits
+  // (and the correction bias for noaux_tc). Same checks and guarantees as forward.
+  virtual void route(void* stream, int64_t tokens, const void* router_logits, const float* e_score_correction_bias,
+                     float* topk_weights, int* topk_ids) const = 0;
+
+  // Stages 2-6 given a routing: what a model whose router runs elsewhere (Hugging Face's experts
+  // modules) calls. topk_ids [T, K] int32 in [0, experts), topk_weights [T, K] fp32; in `inputs`
+  // router_logits and e_score_correction_bias are ignored. Same checks and guarantees as forward.
+  virtual void experts(void* stream, int64_t tokens, const int* topk_ids, const float* topk_weights,
+                       const LayerInputs& inputs, void* output, void* workspace, size_t workspace_size) const = 0;
+
   // Number of kernel launches forward makes for `tokens` tokens.
   virtual int launches(int64_t tokens) const = 0;
 };
