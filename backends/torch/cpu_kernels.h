@@ -1,0 +1,40 @@
+// CPU kernels of the moejit torch ops: SPEC.md's math with ATen, so the ops (and models patched to
+// use them) also run on CPU tensors. Routing accumulates in fp32 like the GPU kernels; expert
+// matmuls run in fp32 (int8 products exactly, in fp64) and are rounded to the model dtype where the
+// GPU rounds them.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "compiler/moe_config.h"
+
+namespace moejit::torch_ops {
+
+// Shared argument checks (moejit_ops.cpp), raising ValueError with the argument's name.
+const MoeConfig& parse_config(const std::string& config_json);
+void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
+                          const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
+                          const std::optional<at::Tensor>& residual);
+void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias);
+
+at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logits, const at::Tensor& w13,
+                         const at::Tensor& w2, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                         const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
+                         const std::optional<at::Tensor>& residual, const std::string& config);
+
+std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, const std::optional<at::Tensor>& bias,
+                                             const std::string& config);
+
+at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                       const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
+                       const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
+                       const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
+                       const std::string& config);
+
+}  // namespace moejit::torch_ops

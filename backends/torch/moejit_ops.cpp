@@ -1,0 +1,313 @@
+// The moejit torch operators: schemas, CUDA kernels (the compiled layer on the current stream, with
+// workspaces from the caching allocator) and Meta kernels (shapes only, for FakeTensor tracing).
+// The CPU kernels, which compute SPEC.md's math with ATen, are in cpu_kernels.cpp.
+//
+//   moejit::moe_layer(hidden, router_logits, w13, w2, bias?, w13_scale?, w2_scale?, input_smooth?,
+//                     act_smooth?, residual?, config) -> out             the whole layer
+//   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
+//   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
+//                   act_smooth?, residual?, config) -> out               stages 2-6
+//   moejit::compile(config, device) -> str                                build + load at model load
+//
+// `config` is a layer configuration in moejit's JSON format (moejit.MoeConfig.to_json() in Python).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/torch/cpu_kernels.h"
+#include "compiler/error.h"
+#include "runtime/layer.h"
+
+namespace moejit::torch_ops {
+namespace {
+
+// One parsed config and its compiled layer per CUDA device. Layers live for the process: the op
+// may be captured into CUDA graphs that outlive any Python object.
+struct ConfigEntry {
+  MoeConfig config;
+  std::map<int, std::unique_ptr<Layer>> layers;
+};
+
+std::mutex registry_mutex;
+std::map<std::string, ConfigEntry>& registry() {
+  static auto* entries = new std::map<std::string, ConfigEntry>();
+  return *entries;
+}
+
+ConfigEntry& entry_for(const std::string& config_json) {
+  std::lock_guard lock(registry_mutex);
+  auto it = registry().find(config_json);
+  if (it != registry().end()) return it->second;
+  MoeConfig config;
+  try {
+    config = config_from_json(nlohmann::json::parse(config_json));
+    validate(config);
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "moejit: config is not valid JSON: ", e.what());
+  } catch (const InvalidInput& e) {
+    TORCH_CHECK_VALUE(false, "moejit: invalid config: ", e.what());
+  }
+  return registry().emplace(config_json, ConfigEntry{config, {}}).first->second;
+}
+
+const Layer& layer_for(ConfigEntry& entry, const at::Device& device) {
+  std::lock_guard lock(registry_mutex);
+  auto& slot = entry.layers[device.index()];
+  if (!slot) {
+    c10::cuda::CUDAGuard guard(device);
+    LayerOptions options;
+    options.device = device.index();
+    try {
+      slot = Layer::create(entry.config, options);
+    } catch (const InvalidInput& e) {
+      TORCH_CHECK_VALUE(false, "moejit: ", e.what());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "moejit: ", e.what());
+    }
+  }
+  return *slot;
+}
+
+at::ScalarType scalar_type(DType d) {
+  switch (d) {
+    case DType::BF16: return at::kBFloat16;
+    case DType::FP16: return at::kHalf;
+    case DType::FP32: return at::kFloat;
+  }
+  return at::kFloat;
+}
+
+void expect(const at::Tensor& t, const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, "moejit: ", name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), "moejit: ", name, " must have shape ", at::IntArrayRef(shape),
+                    ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "moejit: ", name, " must be contiguous (call .contiguous())");
+}
+
+void expect_optional(const std::optional<at::Tensor>& t, const char* name, at::ScalarType dtype,
+                     std::vector<int64_t> shape, bool required, const char* why) {
+  if (!t.has_value()) {
+    TORCH_CHECK_VALUE(!required, "moejit: ", name, " is required ", why);
+    return;
+  }
+  expect(*t, name, dtype, std::move(shape));
+}
+
+// Shapes of SPEC.md for the expert weights in the config's layout.
+std::vector<int64_t> w13_shape(const MoeConfig& c) {
+  return c.weight_layout == WeightLayout::NK ? std::vector<int64_t>{c.local_experts(), c.gemm1_rows(), c.hidden}
+                                             : std::vector<int64_t>{c.local_experts(), c.hidden, c.gemm1_rows()};
+}
+std::vector<int64_t> w2_shape(const MoeConfig& c) {
+  return c.weight_layout == WeightLayout::NK
+             ? std::vector<int64_t>{c.local_experts(), c.hidden, c.local_intermediate()}
+             : std::vector<int64_t>{c.local_experts(), c.local_intermediate(), c.hidden};
+}
+
+}  // namespace
+
+void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
+                          const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
+                          const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK_VALUE(hidden.dim() == 2, "moejit: hidden must be [tokens, ", c.hidden, "], got ", hidden.sizes());
+  const int64_t tokens = hidden.size(0);
+  const bool w8a8 = c.quant == Quant::W8A8Int8;
+  expect(hidden, "hidden", scalar_type(c.dtype), {tokens, c.hidden});
+  const at::ScalarType weight_type = w8a8 ? at::kChar : scalar_type(c.dtype);
+  expect(w13, "w13", weight_type, w13_shape(c));
+  expect(w2, "w2", weight_type, w2_shape(c));
+  const char* for_w8a8 = "for quant w8a8_int8";
+  expect_optional(w13_scale, "w13_scale", at::kFloat, {c.local_experts(), c.gemm1_rows()}, w8a8, for_w8a8);
+  expect_optional(w2_scale, "w2_scale", at::kFloat, {c.local_experts(), c.hidden}, w8a8, for_w8a8);
+  expect_optional(input_smooth, "input_smooth", at::kFloat, {c.experts, c.hidden}, w8a8, for_w8a8);
+  expect_optional(act_smooth, "act_smooth", at::kFloat, {c.local_experts(), c.local_intermediate()}, w8a8, for_w8a8);
+  expect_optional(residual, "residual", scalar_type(c.dtype), {tokens, c.hidden}, false, "");
+  for (const auto* t : {&w13, &w2})
+    TORCH_CHECK_VALUE(t->device() == hidden.device(), "moejit: every tensor must be on ", hidden.device());
+}
+
+void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(logits.dim() == 2, "moejit: router_logits must be [tokens, ", c.experts, "], got ", logits.sizes());
+  expect(logits, "router_logits", scalar_type(c.router_dtype), {logits.size(0), c.experts});
+  expect_optional(bias, "e_score_correction_bias", at::kFloat, {c.experts}, c.topk_method == TopkMethod::NoauxTc,
+                  "for topk_method noaux_tc");
+}
+
+const MoeConfig& parse_config(const std::string& config_json) { return entry_for(config_json).config; }
+
+namespace {
+
+LayerInputs expert_inputs(const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
+                          const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
+                          const std::optional<at::Tensor>& residual) {
+  auto ptr = [](const std::optional<at::Tensor>& t) -> const float* {
+    return t.has_value() ? t->data_ptr<float>() : nullptr;
+  };
+  LayerInputs in;
+  in.hidden = hidden.data_ptr();
+  in.w13 = w13.data_ptr();
+  in.w2 = w2.data_ptr();
+  in.w13_scale = ptr(w13_scale);
+  in.w2_scale = ptr(w2_scale);
+  in.input_smooth = ptr(input_smooth);
+  in.act_smooth = ptr(act_smooth);
+  in.residual = residual.has_value() ? residual->data_ptr() : nullptr;
+  return in;
+}
+
+// Runs `call` turning moejit's errors into torch errors (ValueError for bad input).
+template <typename Fn>
+void run_layer(Fn&& call) {
+  try {
+    call();
+  } catch (const InvalidInput& e) {
+    TORCH_CHECK_VALUE(false, "moejit: ", e.what());
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "moejit: ", e.what());
+  }
+}
+
+at::Tensor workspace_for(const Layer& layer, int64_t tokens, const at::Device& device) {
+  return at::empty({static_cast<int64_t>(layer.workspace_bytes(tokens))}, at::TensorOptions(device).dtype(at::kByte));
+}
+
+at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, const at::Tensor& w13,
+                          const at::Tensor& w2, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
+                          const std::optional<at::Tensor>& residual, const std::string& config_json) {
+  ConfigEntry& entry = entry_for(config_json);
+  const MoeConfig& c = entry.config;
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  check_routing_tensors(c, logits, bias);
+  TORCH_CHECK_VALUE(logits.size(0) == hidden.size(0), "moejit: router_logits has ", logits.size(0),
+                    " rows but hidden has ", hidden.size(0));
+  c10::cuda::CUDAGuard guard(hidden.device());
+  const Layer& layer = layer_for(entry, hidden.device());
+  const int64_t tokens = hidden.size(0);
+  at::Tensor out = at::empty_like(hidden);
+  at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
+  LayerInputs in = expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  in.router_logits = logits.data_ptr();
+  in.e_score_correction_bias = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  run_layer([&] { layer.forward(stream, tokens, in, out.data_ptr(), workspace.data_ptr(), workspace.numel()); });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
+                                              const std::string& config_json) {
+  ConfigEntry& entry = entry_for(config_json);
+  const MoeConfig& c = entry.config;
+  check_routing_tensors(c, logits, bias);
+  c10::cuda::CUDAGuard guard(logits.device());
+  const Layer& layer = layer_for(entry, logits.device());
+  const int64_t tokens = logits.size(0);
+  at::Tensor weights = at::empty({tokens, c.topk}, logits.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty({tokens, c.topk}, logits.options().dtype(at::kInt));
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  run_layer([&] {
+    layer.route(stream, tokens, logits.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                weights.data_ptr<float>(), ids.data_ptr<int>());
+  });
+  return {weights, ids};
+}
+
+at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                        const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
+                        const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
+                        const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
+                        const std::string& config_json) {
+  ConfigEntry& entry = entry_for(config_json);
+  const MoeConfig& c = entry.config;
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  const int64_t tokens = hidden.size(0);
+  expect(topk_ids, "topk_ids", at::kInt, {tokens, c.topk});
+  expect(topk_weights, "topk_weights", at::kFloat, {tokens, c.topk});
+  c10::cuda::CUDAGuard guard(hidden.device());
+  const Layer& layer = layer_for(entry, hidden.device());
+  at::Tensor out = at::empty_like(hidden);
+  at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
+  LayerInputs in = expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  run_layer([&] {
+    layer.experts(stream, tokens, topk_ids.data_ptr<int>(), topk_weights.data_ptr<float>(), in, out.data_ptr(),
+                  workspace.data_ptr(), workspace.numel());
+  });
+  return out;
+}
+
+std::string compile_cuda(const std::string& config_json, int64_t device_index) {
+  ConfigEntry& entry = entry_for(config_json);
+  at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  const Layer& layer = layer_for(entry, device);
+  nlohmann::json summary = {{"kernels", layer.plan().kernels.size()}, {"units", layer.plan().unit_names()},
+                            {"arch", layer.plan().arch}};
+  return summary.dump();
+}
+
+// Meta: shapes only.
+at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::string&) {
+  return at::empty_like(hidden);
+}
+
+std::tuple<at::Tensor, at::Tensor> route_meta(const at::Tensor& logits, const std::optional<at::Tensor>&,
+                                              const std::string& config_json) {
+  const MoeConfig& c = parse_config(config_json);
+  return {at::empty({logits.size(0), c.topk}, logits.options().dtype(at::kFloat)),
+          at::empty({logits.size(0), c.topk}, logits.options().dtype(at::kInt))};
+}
+
+at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                        const std::optional<at::Tensor>&, const std::string&) {
+  return at::empty_like(hidden);
+}
+
+}  // namespace
+}  // namespace moejit::torch_ops
+
+TORCH_LIBRARY(moejit, m) {
+  m.def(
+      "moe_layer(Tensor hidden, Tensor router_logits, Tensor w13, Tensor w2, Tensor? e_score_correction_bias, "
+      "Tensor? w13_scale, Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, "
+      "str config) -> Tensor");
+  m.def("route(Tensor router_logits, Tensor? e_score_correction_bias, str config) -> (Tensor, Tensor)");
+  m.def(
+      "experts(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, Tensor? w13_scale, "
+      "Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, str config) -> Tensor");
+  // No tensor argument, so no dispatch key: registered as a catch-all kernel.
+  m.def("compile(str config, int device) -> str", &moejit::torch_ops::compile_cuda);
+}
+
+TORCH_LIBRARY_IMPL(moejit, CUDA, m) {
+  m.impl("moe_layer", &moejit::torch_ops::moe_layer_cuda);
+  m.impl("route", &moejit::torch_ops::route_cuda);
+  m.impl("experts", &moejit::torch_ops::experts_cuda);
+}
+
+TORCH_LIBRARY_IMPL(moejit, CPU, m) {
+  m.impl("moe_layer", &moejit::torch_ops::moe_layer_cpu);
+  m.impl("route", &moejit::torch_ops::route_cpu);
+  m.impl("experts", &moejit::torch_ops::experts_cpu);
+}
+
+TORCH_LIBRARY_IMPL(moejit, Meta, m) {
+  m.impl("moe_layer", &moejit::torch_ops::moe_layer_meta);
+  m.impl("route", &moejit::torch_ops::route_meta);
+  m.impl("experts", &moejit::torch_ops::experts_meta);
+}
