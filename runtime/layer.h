@@ -54,8 +54,9 @@ class Layer {
 
   // Runs the layer on `stream` (a CUstream / cudaStream_t; null = legacy default stream).
   // Checks, before any launch, that tokens is in [0, 2^31 / topk), every pointer the config needs
-  // is non-null and aligned (16 bytes for hidden, weights, output, residual and workspace; 4 for
-  // fp32 arrays), and workspace_size >= workspace_bytes(tokens); throws InvalidInput naming the
+  // is non-null and aligned (16 bytes for hidden, weights, output and residual; 256 for the
+  // workspace; the element size for router_logits; 4 for fp32 arrays), and workspace_size >=
+  // workspace_bytes(tokens); throws InvalidInput naming the
   // argument otherwise. tokens == 0 returns at once. Never synchronizes or allocates; graph
   // capturable once the layer's modules are loaded in the stream's context.
   virtual void forward(void* stream, int64_t tokens, const LayerInputs& inputs, void* output, void* workspace,

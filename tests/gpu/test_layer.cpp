@@ -1,0 +1,251 @@
+// The whole layer against the float64 reference, every stage: small configs for the sanitizers,
+// every SPEC.md preset (scaled in bf16/fp16/fp32 and w8a8, full size in bf16) and 200 random
+// configurations. Each test draws fresh inputs, poisons output and workspace, and checks what
+// check_run (harness.cpp) lists: routing ids/weights, index, act, y, output and the layer.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cache/kernel_cache.h"
+#include "compiler/layer_compiler.h"
+#include "harness.h"
+#include "runtime/cuda_driver.h"
+#include "test_cases.h"
+
+namespace moejit::test {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Runs one problem on a layer: upload, poisoned forward, check (T = 0: nothing may change).
+bool run_and_check(const Layer& layer, const Problem& p, const CheckOptions& options = {}) {
+  Stream stream;
+  DeviceInputs in = upload(p);
+  GpuRun run = run_forward(layer, in, p.tokens, stream.get());
+  if (p.tokens == 0) return check_untouched(run, p);
+  return check_run(p, run, options);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small configs, selected by gpu.memcheck and gpu.racecheck (--gtest_filter=Sanitize.*). Two
+// token counts each, in different tile buckets; reference::layer is run literally as well.
+void sanitize_config(const MoeConfig& c, std::initializer_list<int64_t> token_counts, bool residual) {
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  for (int64_t T : token_counts) {
+    Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = residual});
+    EXPECT_TRUE(run_and_check(*layer, p, {.reference_layer = true})) << "T = " << T;
+  }
+}
+
+TEST(Sanitize, Bf16Softmax) {
+  MoeConfig c;
+  c.experts = 12;
+  c.topk = 3;
+  c.hidden = 200;
+  c.moe_intermediate = 72;
+  c.dtype = c.router_dtype = DType::BF16;
+  sanitize_config(c, {5, 40}, true);
+}
+
+TEST(Sanitize, GroupedSigmoidNoauxTc) {
+  MoeConfig c = preset("deepseek-v3");
+  c.experts = 32;
+  c.topk = 4;
+  c.num_expert_group = 4;
+  c.topk_group = 2;
+  c.hidden = 136;
+  c.moe_intermediate = 80;
+  c.router_dtype = DType::FP32;
+  c.weight_layout = WeightLayout::KN;
+  sanitize_config(c, {3, 40}, false);
+}
+
+TEST(Sanitize, W8a8Int8) {
+  MoeConfig c;
+  c.experts = 8;
+  c.topk = 2;
+  c.hidden = 200;
+  c.moe_intermediate = 96;
+  c.dtype = c.router_dtype = DType::FP16;
+  c.quant = Quant::W8A8Int8;
+  c.activation = Activation::Gelu;
+  sanitize_config(c, {7, 40}, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Presets.
+class Presets : public ::testing::TestWithParam<PresetCase> {};
+
+TEST_P(Presets, Layer) {
+  const PresetCase& pc = GetParam();
+  const MoeConfig c = preset_config(pc);
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  // Shared experts reach the layer as `residual`, so presets that have them pass one.
+  const ProblemOptions options{.residual = c.n_shared_experts > 0};
+  for (int64_t T : preset_tokens(pc)) {
+    Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), options);
+    EXPECT_TRUE(run_and_check(*layer, p)) << "T = " << T;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scaled, Presets, ::testing::ValuesIn(scaled_preset_cases()),
+                         [](const auto& info) { return preset_case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(W8a8, Presets, ::testing::ValuesIn(w8a8_preset_cases()),
+                         [](const auto& info) { return preset_case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(FullSize, Presets, ::testing::ValuesIn(full_size_preset_cases()),
+                         [](const auto& info) { return preset_case_name(info.param); });
+
+// ---------------------------------------------------------------------------------------------
+// Random configurations: one test each, so a failure names its index and can be rerun alone.
+std::mutex g_random_mutex;
+std::map<int, std::pair<bool, std::string>> g_random_results;
+
+class RandomConfig : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomConfig, Layer) {
+  const RandomCase rc = random_case(GetParam());
+  Seeds seeds;
+  Problem p = make_problem(rc.config, rc.tokens, seeds.next(), seeds.how_to_reproduce(), {.residual = rc.residual});
+  bool ok = false;
+  {
+    auto layer = Layer::create(rc.config);
+    ok = run_and_check(*layer, p);
+  }
+  std::lock_guard lock(g_random_mutex);
+  g_random_results[GetParam()] = {ok && !HasFailure(), p.describe()};
+}
+
+INSTANTIATE_TEST_SUITE_P(Draw, RandomConfig, ::testing::Range(0, kRandomConfigs));
+
+// ---------------------------------------------------------------------------------------------
+// The environment: initializes CUDA once, compiles the presets' and random configs' kernels in
+// the background while the tests run (NVRTC is the slowest part of a 200-config sweep; the
+// kernel cache's single flight makes Layer::create wait for, not repeat, a compile in progress),
+// and prints the random configs' pass/fail summary at the end.
+class GpuEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    base_seed();  // print it first
+    if (!gpu_tests_selected()) return;
+    try {
+      init_cuda();
+    } catch (const std::exception& e) {
+      // Fatal in the global set-up: gtest runs no test and the binary fails, with this reason.
+      GTEST_FAIL() << "no usable CUDA device for the GPU tests: " << e.what();
+    }
+    const char* prefetch = std::getenv("MOEJIT_GPU_TEST_PREFETCH");
+    if (prefetch && std::string(prefetch) == "0") return;
+    start_prefetch();
+  }
+
+  void init_cuda() {
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaFree(nullptr));  // create the primary context, which the layers then use
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::fprintf(stderr, "moejit gpu tests: %d device(s); using 0: %s (sm_%d%d, %.0f GiB)\n", devices, prop.name,
+                 prop.major, prop.minor, prop.totalGlobalMem / double(1 << 30));
+  }
+
+  void start_prefetch() {
+    for (const MoeConfig& c : configs_to_run()) queue_.push_back(c);
+    const std::string arch = default_arch();
+    const unsigned workers = std::max(1u, std::min(4u, host_threads() / 4));
+    for (unsigned i = 0; i < workers; ++i)
+      threads_.emplace_back([this, arch] {
+        for (;;) {
+          MoeConfig c;
+          {
+            std::lock_guard lock(mutex_);
+            if (stop_ || queue_.empty()) return;
+            c = queue_.front();
+            queue_.pop_front();
+          }
+          // A compile error is not reported here: the test's own Layer::create repeats the
+          // compile (failures are never cached) and reports it with the test.
+          try {
+            compile_layer(c, arch, global_cache());
+          } catch (const std::exception&) {
+          }
+        }
+      });
+  }
+
+  void TearDown() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    for (auto& t : threads_) t.join();
+    std::lock_guard lock(g_random_mutex);
+    if (g_random_results.empty()) return;
+    int passed = 0;
+    std::string failed;
+    for (const auto& [i, r] : g_random_results) {
+      if (r.first)
+        ++passed;
+      else
+        failed += fmt::format("\n  Draw/RandomConfig.Layer/{}: {}", i, r.second);
+    }
+    std::fprintf(stderr, "moejit gpu tests: random configs: %d passed, %d failed%s\n", passed,
+                 static_cast<int>(g_random_results.size()) - passed, failed.c_str());
+  }
+
+ private:
+  // Whether the gtest filter selected any test outside the host-only checks of the harness.
+  static bool gpu_tests_selected() {
+    static const std::set<std::string> kHostOnlySuites = {"Conversions",  "Generator",        "WorkspaceLayout",
+                                                          "RandomSweep",  "Configs/CheckRun", "CheckRunSanity",
+                                                          "CheckRunSweep"};
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    for (int s = 0; s < unit.total_test_suite_count(); ++s) {
+      const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
+      if (suite.test_to_run_count() > 0 && !kHostOnlySuites.count(suite.name())) return true;
+    }
+    return false;
+  }
+
+  // The configs of the preset and random tests that the gtest filter selected.
+  static std::vector<MoeConfig> configs_to_run() {
+    std::map<std::string, PresetCase> presets;
+    for (const auto& list : {scaled_preset_cases(), w8a8_preset_cases(), full_size_preset_cases()})
+      for (const PresetCase& pc : list) presets[preset_case_name(pc)] = pc;
+    std::vector<MoeConfig> configs;
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    for (int s = 0; s < unit.total_test_suite_count(); ++s) {
+      const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
+      const std::string suite_name = suite.name();
+      for (int t = 0; t < suite.total_test_count(); ++t) {
+        const ::testing::TestInfo& info = *suite.GetTestInfo(t);
+        if (!info.should_run()) continue;
+        const std::string name = info.name();  // "Layer/<param>"
+        const std::string param = name.substr(name.find('/') + 1);
+        if (suite_name == "Draw/RandomConfig") configs.push_back(random_case(std::stoi(param)).config);
+        if (suite_name.ends_with("/Presets") && presets.count(param)) configs.push_back(preset_config(presets[param]));
+      }
+    }
+    return configs;
+  }
+
+  std::mutex mutex_;
+  bool stop_ = false;
+  std::deque<MoeConfig> queue_;
+  std::vector<std::thread> threads_;
+};
+
+[[maybe_unused]] ::testing::Environment* const g_environment = ::testing::AddGlobalTestEnvironment(new GpuEnvironment);
+
+}  // namespace
+}  // namespace moejit::test

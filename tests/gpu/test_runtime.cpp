@@ -1,0 +1,795 @@
+// Layer::forward's behaviour beyond the math: token counts 0 and 1, argument errors, CUDA graph
+// capture and replay, bitwise determinism, expert parallelism, hostile router logits and a
+// 65536-token call. Every forward runs on poisoned output and workspace.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <typeinfo>
+
+#include <fmt/format.h>
+
+#include "compiler/error.h"
+#include "harness.h"
+
+namespace moejit::test {
+namespace {
+
+MoeConfig small_config(int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
+  MoeConfig c;
+  c.experts = experts;
+  c.topk = topk;
+  c.hidden = hidden;
+  c.moe_intermediate = inter;
+  c.dtype = c.router_dtype = dtype;
+  return c;
+}
+
+// DeepSeek-V3's routing (8 groups keep 4, sigmoid, noaux_tc, scale 2.5) at a small size.
+MoeConfig grouped_sigmoid(int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
+  MoeConfig c = preset("deepseek-v3");
+  c.experts = experts;
+  c.topk = topk;
+  c.hidden = hidden;
+  c.moe_intermediate = inter;
+  c.dtype = c.router_dtype = dtype;
+  return c;
+}
+
+std::vector<double> decode_all(const GpuRun& run) {
+  std::vector<double> v(run.tokens * run.config.hidden);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = run.out_at(static_cast<int64_t>(i));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token counts.
+TEST(Tokens, ZeroIsANoOp) {
+  const MoeConfig c = grouped_sigmoid(32, 4, 136, 80, DType::BF16);
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  EXPECT_EQ(layer->launches(0), 0);
+  // Inputs for 8 tokens, so every pointer is real; the call asks for 0.
+  Problem p = make_problem(c, 8, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  DeviceInputs in = upload(p);
+  Stream stream;
+  for (uint8_t poison : {uint8_t{0xFF}, uint8_t{0x5A}}) {
+    GpuRun run;
+    run.config = c;
+    run.tokens = 0;
+    run.poison = poison;
+    run.out_buffer = DeviceBuffer(8 * c.hidden * 2);
+    run.workspace_buffer = DeviceBuffer(layer->workspace_bytes(8));
+    run.out_buffer.fill(poison, stream.get());
+    run.workspace_buffer.fill(poison, stream.get());
+    EXPECT_NO_THROW(layer->forward(stream.get(), 0, in.inputs(), run.out_buffer.get(), run.workspace_buffer.get(),
+                                   run.workspace_buffer.size()));
+    stream.sync();
+    CUDA_CHECK(cudaGetLastError());
+    EXPECT_TRUE(check_untouched(run, p));
+  }
+}
+
+TEST(Tokens, One) {
+  // One token through very different shapes: a single expert, every expert chosen, 512 experts.
+  const std::vector<MoeConfig> configs = {
+      small_config(1, 1, 200, 72, DType::BF16),
+      small_config(16, 16, 96, 40, DType::FP32),
+      [] {
+        MoeConfig c = preset("qwen3-next-80b-a3b");
+        c.hidden = 264;
+        c.moe_intermediate = 72;
+        return c;
+      }(),
+      grouped_sigmoid(64, 6, 136, 80, DType::FP16),
+  };
+  Seeds seeds;
+  for (const MoeConfig& c : configs) {
+    auto layer = Layer::create(c);
+    Problem p = make_problem(c, 1, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+    Stream stream;
+    DeviceInputs in = upload(p);
+    EXPECT_TRUE(check_run(p, run_forward(*layer, in, 1, stream.get()), {.reference_layer = true}));
+  }
+}
+
+TEST(Tokens, WorkspaceSizedForMaxTokens) {
+  // Engines allocate the workspace once for their largest batch; a smaller call must give the
+  // same result as with an exact-size workspace.
+  const MoeConfig c = small_config(24, 4, 300, 100, DType::BF16);
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  EXPECT_LE(layer->workspace_bytes(17), layer->workspace_bytes(4097));
+  Problem p = make_problem(c, 17, seeds.next(), seeds.how_to_reproduce());
+  Stream stream;
+  DeviceInputs in = upload(p);
+  GpuRun exact = run_forward(*layer, in, 17, stream.get());
+  EXPECT_TRUE(check_run(p, exact));
+  DeviceBuffer out(exact.out_bytes), workspace(layer->workspace_bytes(4097));
+  out.fill(kPoison, stream.get());
+  workspace.fill(kPoison, stream.get());
+  layer->forward(stream.get(), 17, in.inputs(), out.get(), workspace.get(), workspace.size());
+  stream.sync();
+  EXPECT_TRUE(out.download_all() == exact.out) << p.describe();
+}
+
+TEST(Workspace, BytesCoverTheOffsetsAndGrowWithTokens) {
+  const MoeConfig c = grouped_sigmoid(64, 6, 136, 80, DType::BF16);
+  auto layer = Layer::create(c);
+  size_t previous = 0;
+  for (int64_t T : {0, 1, 2, 31, 32, 33, 512, 513, 4097, 65536}) {
+    const size_t bytes = layer->workspace_bytes(T);
+    EXPECT_GE(static_cast<int64_t>(bytes), workspace_offsets(c, T).total_bytes) << "T = " << T;
+    EXPECT_GE(bytes, previous) << "workspace_bytes is not monotonic at T = " << T;
+    previous = bytes;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument errors: InvalidInput naming the argument, thrown before anything is launched.
+class Errors : public ::testing::Test {
+ protected:
+  struct Call {
+    int64_t tokens;
+    LayerInputs in;
+    void* out;
+    void* workspace;
+    size_t workspace_size;
+  };
+
+  void SetUp() override {
+    // noaux_tc (bias required) and w8a8 (scales and smooths required), with a residual.
+    config_ = grouped_sigmoid(16, 4, 128, 64, DType::BF16);
+    config_.num_expert_group = 1;
+    config_.topk_group = 1;
+    config_.quant = Quant::W8A8Int8;
+    layer_ = Layer::create(config_);
+    problem_ = make_problem(config_, kTokens, seeds_.next(), seeds_.how_to_reproduce(), {.residual = true});
+    inputs_ = upload(problem_);
+    out_ = DeviceBuffer(kTokens * config_.hidden * 2);
+    workspace_ = DeviceBuffer(layer_->workspace_bytes(kTokens));
+    // The baseline call is accepted, so each rejection below is caused by its one change.
+    const Call ok = valid();
+    ASSERT_NO_THROW(layer_->forward(stream_.get(), ok.tokens, ok.in, ok.out, ok.workspace, ok.workspace_size));
+    stream_.sync();
+  }
+
+  Call valid() const { return {kTokens, inputs_.inputs(), out_.get(), workspace_.get(), workspace_.size()}; }
+
+  void expect_rejected(const Call& call, const std::string& argument, const std::string& what) {
+    out_.fill(kPoison, stream_.get());
+    workspace_.fill(kPoison, stream_.get());
+    stream_.sync();
+    try {
+      layer_->forward(stream_.get(), call.tokens, call.in, call.out, call.workspace, call.workspace_size);
+      ADD_FAILURE() << what << ": forward accepted it";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(argument), std::string::npos)
+          << what << ": the message does not name '" << argument << "': " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": threw " << typeid(e).name() << " (" << e.what() << "), not moejit::InvalidInput";
+    }
+    stream_.sync();
+    // Checked before any launch: output and workspace still hold the poison.
+    for (const DeviceBuffer* b : {&out_, &workspace_}) {
+      const std::vector<uint8_t> bytes = b->download_all();
+      EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](uint8_t x) { return x == kPoison; }))
+          << what << ": the rejected call wrote to " << (b == &out_ ? "the output" : "the workspace");
+    }
+  }
+
+  template <typename T>
+  static T* offset(const T* p, size_t bytes) {
+    return reinterpret_cast<T*>(const_cast<char*>(reinterpret_cast<const char*>(p)) + bytes);
+  }
+
+  static constexpr int64_t kTokens = 8;
+  Seeds seeds_;
+  MoeConfig config_;
+  std::unique_ptr<Layer> layer_;
+  Problem problem_;
+  DeviceInputs inputs_;
+  DeviceBuffer out_, workspace_;
+  Stream stream_;
+};
+
+TEST_F(Errors, NullHidden) {
+  Call c = valid();
+  c.in.hidden = nullptr;
+  expect_rejected(c, "hidden", "null hidden");
+}
+
+TEST_F(Errors, MisalignedPointers) {
+  // layer.h: 16-byte alignment for hidden, weights, output, residual and workspace; 4 for fp32.
+  Call c = valid();
+  c.in.hidden = offset(c.in.hidden, 2);
+  expect_rejected(c, "hidden", "hidden + 2 bytes");
+  c = valid();
+  c.out = offset(c.out, 2);
+  expect_rejected(c, "output", "output + 2 bytes");
+  c = valid();
+  c.workspace = offset(c.workspace, 8);
+  c.workspace_size -= 8;
+  expect_rejected(c, "workspace", "workspace + 8 bytes");
+  c = valid();
+  c.in.w13 = offset(c.in.w13, 8);
+  expect_rejected(c, "w13", "w13 + 8 bytes");
+  c = valid();
+  c.in.w2 = offset(c.in.w2, 4);
+  expect_rejected(c, "w2", "w2 + 4 bytes");
+  c = valid();
+  c.in.residual = offset(c.in.residual, 2);
+  expect_rejected(c, "residual", "residual + 2 bytes");
+  c = valid();
+  c.in.e_score_correction_bias = offset(c.in.e_score_correction_bias, 2);
+  expect_rejected(c, "e_score_correction_bias", "e_score_correction_bias + 2 bytes");
+  c = valid();
+  c.in.w13_scale = offset(c.in.w13_scale, 1);
+  expect_rejected(c, "w13_scale", "w13_scale + 1 byte");
+}
+
+TEST_F(Errors, WorkspaceTooSmall) {
+  Call c = valid();
+  c.workspace_size = layer_->workspace_bytes(kTokens) - 1;
+  expect_rejected(c, "workspace", "workspace one byte short");
+  c.workspace_size = 0;
+  expect_rejected(c, "workspace", "workspace size 0");
+  c = valid();
+  c.workspace = nullptr;
+  expect_rejected(c, "workspace", "null workspace");
+}
+
+TEST_F(Errors, MissingBiasForNoauxTc) {
+  Call c = valid();
+  c.in.e_score_correction_bias = nullptr;
+  expect_rejected(c, "e_score_correction_bias", "noaux_tc without e_score_correction_bias");
+}
+
+TEST_F(Errors, OtherMissingArgumentsAndTokenCounts) {
+  struct Case {
+    const char* argument;
+    void (*mutate)(Call&);
+  };
+  const Case cases[] = {
+      {"router_logits", [](Call& c) { c.in.router_logits = nullptr; }},
+      {"w13", [](Call& c) { c.in.w13 = nullptr; }},
+      {"w2", [](Call& c) { c.in.w2 = nullptr; }},
+      {"output", [](Call& c) { c.out = nullptr; }},
+      {"w13_scale", [](Call& c) { c.in.w13_scale = nullptr; }},
+      {"w2_scale", [](Call& c) { c.in.w2_scale = nullptr; }},
+      {"input_smooth", [](Call& c) { c.in.input_smooth = nullptr; }},
+      {"act_smooth", [](Call& c) { c.in.act_smooth = nullptr; }},
+      {"tokens", [](Call& c) { c.tokens = -1; }},
+      // tokens * topk must stay below 2^31 (int32 pair indices).
+      {"tokens", [](Call& c) { c.tokens = (int64_t{1} << 31) / 4; }},
+  };
+  for (const Case& k : cases) {
+    Call c = valid();
+    k.mutate(c);
+    expect_rejected(c, k.argument, fmt::format("case '{}' (tokens {})", k.argument, c.tokens));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) (void)cudaGraphExecDestroy(exec);
+    if (graph) (void)cudaGraphDestroy(graph);
+  }
+};
+
+class CudaGraph : public ::testing::TestWithParam<int> {};
+
+MoeConfig graph_config(int which) {
+  if (which == 0) return grouped_sigmoid(64, 6, 264, 136, DType::BF16);
+  MoeConfig c = small_config(24, 4, 300, 100, DType::FP16);
+  c.quant = Quant::W8A8Int8;
+  return c;
+}
+
+TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
+  const MoeConfig c = graph_config(GetParam());
+  constexpr int64_t T = 40;
+  Seeds seeds;
+  auto layer = Layer::create(c);  // loads the modules: no warm-up forward, as layer.h promises
+  Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  DeviceInputs in = upload(p);
+  Stream stream;
+  DeviceBuffer out(T * c.hidden * dtype_bytes(c.dtype)), workspace(layer->workspace_bytes(T));
+
+  Graph g;
+  CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+  try {
+    layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    (void)cudaStreamEndCapture(stream.get(), &broken);
+    if (broken) (void)cudaGraphDestroy(broken);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(stream.get(), &g.graph));
+  // The graph holds exactly the kernels forward says it launches.
+  size_t nodes = 0;
+  CUDA_CHECK(cudaGraphGetNodes(g.graph, nullptr, &nodes));
+  std::vector<cudaGraphNode_t> list(nodes);
+  CUDA_CHECK(cudaGraphGetNodes(g.graph, list.data(), &nodes));
+  int kernels = 0;
+  for (cudaGraphNode_t n : list) {
+    cudaGraphNodeType type;
+    CUDA_CHECK(cudaGraphNodeGetType(n, &type));
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  EXPECT_EQ(kernels, layer->launches(T));
+  CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+
+  for (int round = 0; round < 2; ++round) {
+    // New values in the same buffers: a graph that baked in the capture-time inputs, or read
+    // stale workspace, would not match the eager run on these inputs.
+    redraw_activations(p, seeds.next());
+    upload_activations(p, in, stream.get());
+    out.fill(kPoison, stream.get());
+    workspace.fill(kPoison, stream.get());
+    CUDA_CHECK(cudaGraphLaunch(g.exec, stream.get()));
+    stream.sync();
+    const std::vector<uint8_t> replayed = out.download_all();
+
+    GpuRun eager = run_forward(*layer, in, T, stream.get());
+    EXPECT_TRUE(check_run(p, eager)) << "round " << round;
+    EXPECT_TRUE(replayed == eager.out) << "round " << round << ": graph replay differs from eager forward; "
+                                       << p.describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CudaGraph, ::testing::Values(0, 1), [](const auto& info) {
+  return info.param == 0 ? std::string("grouped_sigmoid_bf16") : std::string("softmax_w8a8_fp16");
+});
+
+TEST(CudaGraphCapture, CreateDuringCaptureIsRefused) {
+  // layer.h: Layer::create throws Error ("warm up before graph capture") while a stream of this
+  // thread's context is being captured.
+  const MoeConfig c = small_config(12, 3, 200, 72, DType::BF16);
+  Stream stream;
+  CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  std::string message;
+  bool threw_error = false;
+  try {
+    auto layer = Layer::create(c);
+  } catch (const Error& e) {
+    threw_error = true;
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = std::string("not moejit::Error: ") + e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream.get(), &graph);
+  if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+  (void)cudaGetLastError();  // an invalidated capture leaves a (non-sticky) error behind
+  EXPECT_TRUE(end == cudaSuccess || end == cudaErrorStreamCaptureInvalidated) << cudaGetErrorName(end);
+  EXPECT_TRUE(threw_error) << "Layer::create during capture: " << (message.empty() ? "no exception" : message);
+  EXPECT_NE(message.find("capture"), std::string::npos) << message;
+  // The context is still usable afterwards.
+  auto layer = Layer::create(c);
+  Seeds seeds;
+  Problem p = make_problem(c, 5, seeds.next(), seeds.how_to_reproduce());
+  DeviceInputs in = upload(p);
+  EXPECT_TRUE(check_run(p, run_forward(*layer, in, 5, stream.get())));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism (DESIGN.md decision 7): same inputs, bitwise the same output, whatever the
+// workspace held before and whichever stream runs it.
+TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
+  MoeConfig w8a8 = grouped_sigmoid(96, 8, 300, 200, DType::FP16);
+  w8a8.num_expert_group = 6;
+  w8a8.topk_group = 3;
+  w8a8.quant = Quant::W8A8Int8;
+  const std::vector<std::pair<MoeConfig, int64_t>> cases = {{small_config(64, 8, 520, 136, DType::BF16), 4097},
+                                                            {w8a8, 1000}};
+  Seeds seeds;
+  for (const auto& [c, T] : cases) {
+    auto layer = Layer::create(c);
+    Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+    DeviceInputs in = upload(p);
+    Stream stream;
+    GpuRun first = run_forward(*layer, in, T, stream.get(), 0xFF);
+    ASSERT_TRUE(check_run(p, first));
+    const WorkspaceOffsets& o = first.offsets;
+    const int64_t act_bytes =
+        first.rows * c.local_intermediate() * (c.quant == Quant::W8A8Int8 ? 4 : dtype_bytes(c.dtype));
+    const int64_t y_bytes = first.rows * c.hidden * dtype_bytes(c.dtype);
+    const int64_t act_offset = c.quant == Quant::W8A8Int8 ? o.act_f32 : o.act;
+    struct Variant {
+      uint8_t poison;
+      cudaStream_t stream;
+      const char* what;
+    };
+    for (const Variant& v :
+         {Variant{0x00, stream.get(), "workspace zeroed"}, Variant{0x5A, stream.get(), "workspace 0x5A"},
+          Variant{0xFF, nullptr, "legacy default stream"}}) {
+      GpuRun again = run_forward(*layer, in, T, v.stream, v.poison);
+      EXPECT_TRUE(again.out == first.out) << v.what << ": output differs; " << p.describe();
+      EXPECT_TRUE(again.topk_ids == first.topk_ids && again.topk_weights == first.topk_weights) << v.what;
+      EXPECT_TRUE(again.sorted_pair == first.sorted_pair && again.pair_pos == first.pair_pos) << v.what;
+      EXPECT_TRUE(again.raw(act_offset, act_bytes) == first.raw(act_offset, act_bytes)) << v.what << ": act differs";
+      EXPECT_TRUE(again.raw(o.y, y_bytes) == first.raw(o.y, y_bytes)) << v.what << ": y differs";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expert parallelism: each rank computes its experts' share; the ranks' outputs summed (the
+// all-reduce, here in double on the host) equal the single-rank output.
+struct EpCase {
+  const char* name;
+  MoeConfig config;
+};
+
+class ExpertParallel : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(ExpertParallel, SumOfRanksEqualsOneRank) {
+  const MoeConfig c = GetParam().config;
+  constexpr int64_t T = 300;
+  Seeds seeds;
+  const Problem whole = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  Stream stream;
+  GpuRun single;
+  {
+    auto layer = Layer::create(c);
+    DeviceInputs in = upload(whole);
+    single = run_forward(*layer, in, T, stream.get());
+    EXPECT_TRUE(check_run(whole, single));
+  }
+  const std::vector<double> reference_out = decode_all(single);
+  for (int ep_size : {2, 4}) {
+    std::vector<double> sum(T * c.hidden, 0.0);
+    for (int rank = 0; rank < ep_size; ++rank) {
+      Problem p = whole.for_rank(ep_size, rank);
+      // The residual (shared experts) is added once in the all-reduce: rank 0 passes it.
+      if (rank != 0) {
+        p.residual = HostTensor();
+        p.options.residual = false;
+      }
+      auto layer = Layer::create(p.config);
+      DeviceInputs in = upload(p);
+      GpuRun run = run_forward(*layer, in, T, stream.get());
+      EXPECT_TRUE(check_run(p, run)) << "ep " << rank << "/" << ep_size;
+      // pair_pos of another rank's pair is -1, which is also what the 0xFF poison reads as; a
+      // second run on 0x5A-poisoned workspace proves those -1 were written.
+      GpuRun again = run_forward(*layer, in, T, stream.get(), 0x5A);
+      EXPECT_TRUE(again.pair_pos == run.pair_pos) << "ep " << rank << "/" << ep_size << ": pair_pos not fully written";
+      EXPECT_TRUE(again.out == run.out) << "ep " << rank << "/" << ep_size;
+      const std::vector<double> out = decode_all(run);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+    }
+    const double err = reference::relative_error(reference_out, sum);
+    EXPECT_LE(err, tolerances_for(c).out) << "sum over " << ep_size << " ranks vs 1 rank; " << whole.describe();
+  }
+}
+
+EpCase ep_case(const char* name, MoeConfig c) { return {name, c}; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ExpertParallel,
+    ::testing::Values(ep_case("softmax_bf16", small_config(16, 4, 264, 136, DType::BF16)),
+                      // fp32: the sums differ only by fp32 rounding, so the 1e-5 check is tight.
+                      ep_case("softmax_fp32", small_config(16, 4, 264, 136, DType::FP32)),
+                      ep_case("grouped_sigmoid_bf16", grouped_sigmoid(32, 6, 200, 96, DType::BF16)),
+                      ep_case("grouped_sigmoid_fp32", grouped_sigmoid(32, 6, 200, 96, DType::FP32)),
+                      ep_case("softmax_w8a8_fp16",
+                              [] {
+                                MoeConfig c = small_config(24, 4, 300, 100, DType::FP16);
+                                c.quant = Quant::W8A8Int8;
+                                return c;
+                              }())),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// Hostile router logits: NaN, +-inf, huge, all equal. SPEC.md: every weight finite, every id in
+// [0, E) and distinct in its row, nothing out of bounds; ties go to the lower index.
+struct HostileCase {
+  const char* name;
+  MoeConfig config;
+};
+
+class HostileRouting : public ::testing::TestWithParam<HostileCase> {};
+
+constexpr int kRowKinds = 12;
+// Rows whose logits are all equal after SPEC's mapping (NaN, -inf -> -FLT_MAX; +inf -> FLT_MAX).
+bool uniform_kind(int kind) { return kind >= 5 && kind <= 8; }
+
+void write_hostile_logits(Problem& p, std::mt19937_64& rng) {
+  const int E = p.config.experts;
+  const float big = p.config.router_dtype == DType::FP16   ? 65504.0f
+                    : p.config.router_dtype == DType::BF16 ? bf16_to_float(0x7f7f)  // largest finite bf16
+                                                           : FLT_MAX;
+  const float inf = INFINITY, nan = NAN;
+  std::uniform_real_distribution<float> normal(-4.0f, 4.0f);
+  std::uniform_int_distribution<int> any(0, E - 1), four(0, 3);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const int kind = static_cast<int>(t % kRowKinds);
+    const float constant = normal(rng);
+    for (int e = 0; e < E; ++e) {
+      float v = normal(rng);
+      switch (kind) {
+        case 1:
+          v = four(rng) == 0 ? nan : v;
+          break;  // some NaN
+        case 3:
+          v = four(rng) == 0 ? -inf : v;
+          break;   // some -inf
+        case 4: {  // a mix of everything
+          const int r = four(rng);
+          v = r == 0 ? nan : r == 1 ? inf : r == 2 ? -inf : v;
+          break;
+        }
+        case 5:
+          v = constant;
+          break;  // all equal
+        case 6:
+          v = -inf;
+          break;
+        case 7:
+          v = nan;
+          break;
+        case 8:
+          v = inf;
+          break;
+        case 9:
+          v = four(rng) < 2 ? big : -big;
+          break;  // largest finite values
+        case 10:
+          v = -inf;
+          break;  // one +inf below, the rest -inf
+        case 11:
+          v = e % 2 ? inf : -inf;
+          break;
+        default:
+          break;  // 0: ordinary; 2: +inf below
+      }
+      p.logits.set(t * E + e, v);
+    }
+    if (kind == 2) {
+      const int count = 1 + four(rng) % 3;
+      for (int k = 0; k < count; ++k) p.logits.set(t * E + any(rng), inf);
+    }
+    if (kind == 10) p.logits.set(t * E + any(rng), inf);
+  }
+}
+
+TEST_P(HostileRouting, NonFiniteAndTiedLogits) {
+  const MoeConfig c = GetParam().config;
+  const int K = c.topk, E = c.experts;
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  Problem p = make_problem(c, 3 * kRowKinds, seeds.next(), seeds.how_to_reproduce(),
+                           {.residual = false, .distinct_logits = false});
+  std::mt19937_64 rng(p.activation_seed);
+  write_hostile_logits(p, rng);
+  DeviceInputs in = upload(p);
+  Stream stream;
+  GpuRun run = run_forward(*layer, in, p.tokens, stream.get());
+  // Routing against the reference where it has no near tie, everything downstream against the
+  // reference given the GPU's routing, and the invariants for every row.
+  EXPECT_TRUE(check_run(p, run));
+  if (!std::all_of(run.topk_ids.begin(), run.topk_ids.end(), [&](int id) { return id >= 0 && id < E; })) return;
+  // Ties broken as SPEC.md says: with all scores equal (and no bias), the K lowest ids in
+  // order; with a single +inf, that expert first.
+  const reference::Routing rr =
+      reference::route(c, p.tokens, p.logits.doubles(), p.noaux() ? p.bias_doubles() : std::vector<double>{});
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const int kind = static_cast<int>(t % kRowKinds);
+    const int* ids = run.topk_ids.data() + t * K;
+    if (uniform_kind(kind) && !p.noaux()) {
+      for (int j = 0; j < K; ++j) {
+        EXPECT_EQ(ids[j], j) << "token " << t << " (row kind " << kind << ") slot " << j << "; " << p.describe();
+        const double w = run.topk_weights[t * K + j], r = rr.weights[t * K + j];
+        EXPECT_NEAR(w, r, 1e-5 * std::fabs(r) + 1e-9) << "token " << t << " slot " << j;
+      }
+    }
+    if (kind == 10 && !p.noaux()) {
+      int where = -1;
+      for (int e = 0; e < E; ++e)
+        if (std::isinf(p.logits.at(t * E + e)) && p.logits.at(t * E + e) > 0) where = e;
+      EXPECT_EQ(ids[0], where) << "token " << t << ": the single +inf logit is not chosen first";
+    }
+  }
+}
+
+HostileCase hostile_case(const char* name, MoeConfig c) { return {name, c}; }
+
+INSTANTIATE_TEST_SUITE_P(Configs, HostileRouting,
+                         ::testing::Values(hostile_case("softmax_greedy_bf16",
+                                                        [] {
+                                                          MoeConfig c = preset("deepseek-v2-lite");
+                                                          c.hidden = 128;
+                                                          c.moe_intermediate = 64;
+                                                          return c;
+                                                        }()),
+                                           hostile_case("grouped_sigmoid_noaux_fp32_logits",
+                                                        [] {
+                                                          MoeConfig c = grouped_sigmoid(256, 8, 128, 64, DType::BF16);
+                                                          c.router_dtype = DType::FP32;
+                                                          return c;
+                                                        }()),
+                                           hostile_case("grouped_softmax_fp16",
+                                                        [] {
+                                                          MoeConfig c = small_config(64, 4, 128, 64, DType::FP16);
+                                                          c.num_expert_group = 8;
+                                                          c.topk_group = 3;
+                                                          c.topk_method = TopkMethod::GroupLimitedGreedy;
+                                                          return c;
+                                                        }()),
+                                           hostile_case("sigmoid_greedy_fp32",
+                                                        [] {
+                                                          MoeConfig c = small_config(8, 2, 128, 64, DType::FP32);
+                                                          c.scoring = Scoring::Sigmoid;
+                                                          return c;
+                                                        }()),
+                                           hostile_case("sigmoid_noaux_ungrouped_bf16",
+                                                        [] {
+                                                          MoeConfig c = preset("kimi-k2");
+                                                          c.hidden = 128;
+                                                          c.moe_intermediate = 64;
+                                                          return c;
+                                                        }())),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(HostileRouting, NonFiniteCorrectionBias) {
+  // SPEC.md maps non-finite values before any math; the bias gets the same treatment: +inf makes
+  // an expert (and its group) always first, NaN and -inf make one never chosen.
+  const MoeConfig c = grouped_sigmoid(256, 8, 128, 64, DType::BF16);
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  Problem p = make_problem(c, 64, seeds.next(), seeds.how_to_reproduce());
+  p.bias[3] = NAN;
+  p.bias[10] = INFINITY;
+  p.bias[20] = -INFINITY;
+  DeviceInputs in = upload(p);
+  Stream stream;
+  GpuRun run = run_forward(*layer, in, p.tokens, stream.get());
+  EXPECT_TRUE(check_run(p, run));
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    EXPECT_EQ(run.topk_ids[t * c.topk], 10) << "token " << t;
+    for (int j = 0; j < c.topk; ++j) {
+      EXPECT_NE(run.topk_ids[t * c.topk + j], 3) << "token " << t;
+      EXPECT_NE(run.topk_ids[t * c.topk + j], 20) << "token " << t;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stage entry points of layer.h: route() alone, and experts() with a routing the caller made.
+TEST(StageEntryPoints, RouteEqualsTheRoutingOfForward) {
+  // forward's routing is checked against the reference (check_run); route() must give the same
+  // bits, and do nothing for 0 tokens.
+  const std::vector<MoeConfig> configs = {grouped_sigmoid(64, 6, 136, 80, DType::BF16),
+                                          small_config(100, 7, 72, 40, DType::FP16)};
+  Seeds seeds;
+  for (const MoeConfig& c : configs) {
+    constexpr int64_t T = 300;
+    auto layer = Layer::create(c);
+    Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce());
+    DeviceInputs in = upload(p);
+    Stream stream;
+    GpuRun run = run_forward(*layer, in, T, stream.get());
+    EXPECT_TRUE(check_run(p, run));
+    for (int64_t tokens : {T, int64_t{0}}) {
+      DeviceBuffer weights(T * c.topk * 4), ids(T * c.topk * 4);
+      weights.fill(kPoison, stream.get());
+      ids.fill(kPoison, stream.get());
+      layer->route(stream.get(), tokens, in.logits.get(), in.bias.as<float>(), weights.as<float>(), ids.as<int>());
+      stream.sync();
+      std::vector<float> w(T * c.topk);
+      std::vector<int> id(T * c.topk);
+      weights.download(w.data(), w.size() * 4);
+      ids.download(id.data(), id.size() * 4);
+      if (tokens == T) {
+        EXPECT_TRUE(std::memcmp(w.data(), run.topk_weights.data(), w.size() * 4) == 0) << p.describe();
+        EXPECT_TRUE(id == run.topk_ids) << p.describe();
+      } else {
+        EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](int x) { return x == -1; })) << "route(0 tokens) wrote";
+      }
+    }
+  }
+}
+
+// Routings the router would rarely make: every token on the same K experts (one expert's rows
+// span many GEMM row tiles), every token on the last K experts, and uniform random ones; on an
+// expert-parallel rank, "hot" leaves the rank with no local pair at all.
+struct ExpertsCase {
+  const char* name;
+  MoeConfig config;
+};
+
+class StageEntryPointsExperts : public ::testing::TestWithParam<ExpertsCase> {};
+
+TEST_P(StageEntryPointsExperts, CallerRoutingAgainstTheReference) {
+  const MoeConfig c = GetParam().config;
+  const int K = c.topk, E = c.experts;
+  constexpr int64_t T = 1000;
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  DeviceInputs in = upload(p);
+  Stream stream;
+  std::mt19937_64 rng(p.activation_seed);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (const char* pattern : {"hot", "tail", "random"}) {
+    std::vector<int> ids(T * K);
+    std::vector<float> weights(T * K);
+    std::vector<int> all(E);
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(all.begin(), all.end(), 0);
+      for (int j = 0; j < K; ++j) {
+        if (std::string(pattern) == "hot") ids[t * K + j] = j;
+        if (std::string(pattern) == "tail") ids[t * K + j] = E - 1 - j;
+        if (std::string(pattern) == "random") {
+          std::swap(all[j], all[std::uniform_int_distribution<int>(j, E - 1)(rng)]);
+          ids[t * K + j] = all[j];
+        }
+        weights[t * K + j] = weight(rng);
+      }
+    }
+    GpuRun run = run_experts(*layer, in, T, ids, weights, stream.get());
+    EXPECT_TRUE(check_experts_run(p, run)) << "routing pattern " << pattern;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, StageEntryPointsExperts,
+                         ::testing::Values(ExpertsCase{"softmax_bf16", small_config(64, 8, 264, 136, DType::BF16)},
+                                           ExpertsCase{"softmax_w8a8_fp16",
+                                                       [] {
+                                                         MoeConfig c = small_config(24, 4, 300, 100, DType::FP16);
+                                                         c.quant = Quant::W8A8Int8;
+                                                         return c;
+                                                       }()},
+                                           ExpertsCase{"ep_rank1_of_2_fp32",
+                                                       [] {
+                                                         MoeConfig c = small_config(64, 8, 264, 136, DType::FP32);
+                                                         c.ep_size = 2;
+                                                         c.ep_rank = 1;
+                                                         return c;
+                                                       }()}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// Large token counts: grids of 65536 blocks, and buffers whose element offsets pass 2^31. Routing
+// and index are checked for every token; outputs and expert rows for every 997th token and the
+// last (the reference on all of them would take hours).
+std::vector<int64_t> every_997th(int64_t T) {
+  std::vector<int64_t> v;
+  for (int64_t t = 0; t < T; t += 997) v.push_back(t);
+  if (v.back() != T - 1) v.push_back(T - 1);
+  return v;
+}
+
+void large_tokens(const MoeConfig& c, int64_t T) {
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  DeviceInputs in = upload(p);
+  Stream stream;
+  GpuRun run = run_forward(*layer, in, T, stream.get());
+  EXPECT_TRUE(check_run(p, run, {.sample = every_997th(T)}));
+}
+
+TEST(LargeTokens, T65536SmallHidden) {
+  MoeConfig c = grouped_sigmoid(128, 8, 200, 72, DType::BF16);
+  large_tokens(c, 65536);
+}
+
+TEST(LargeTokens, T65536OffsetsPast2To31) {
+  // 65536 tokens x 16 slots = 2^20 pairs; x H = 2100 and x I = 2100 are 2.2e9 elements, so the
+  // y and act buffers (and the GEMMs' row offsets) need 64-bit arithmetic.
+  MoeConfig c = small_config(32, 16, 2100, 2100, DType::BF16);
+  large_tokens(c, 65536);
+}
+
+}  // namespace
+}  // namespace moejit::test
