@@ -52,6 +52,8 @@ CudaDriver load_driver() {
   MOEJIT_RESOLVE(module_get_function, cuModuleGetFunction);
   MOEJIT_RESOLVE(func_set_attribute, cuFuncSetAttribute);
   MOEJIT_RESOLVE(launch_kernel_ex, cuLaunchKernelEx);
+  MOEJIT_RESOLVE(mem_alloc, cuMemAlloc);
+  MOEJIT_RESOLVE(mem_free, cuMemFree);
   CUresult r = d.init(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;

@@ -36,6 +36,8 @@ struct CudaDriver {
   decltype(&::cuModuleGetFunction) module_get_function = nullptr;
   decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
+  decltype(&::cuMemAlloc) mem_alloc = nullptr;
+  decltype(&::cuMemFree) mem_free = nullptr;
 };
 
 // The process-wide driver table (loaded on first use; never throws).

@@ -61,6 +61,28 @@ struct LoadedContext {
 
 bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
 
+constexpr const char* kCaptureMessage =
+    "moejit: cannot compile or load kernels while a stream is being captured; warm up before graph "
+    "capture (create the layer and run forward once before capturing)";
+
+// Refuses to go on while this thread is inside a global-mode stream capture. NOTES: the driver
+// lets module loading through during capture, so probe with an allocation, which global capture
+// mode forbids ("potentially unsafe API call"); outside capture it is a 1-byte alloc and free at
+// model load.
+void refuse_during_capture(CUcontext context) {
+  const CudaDriver& d = cuda_driver();
+  check_cuda(d.ctx_push_current(context), "cuCtxPushCurrent");
+  CUdeviceptr probe = 0;
+  const CUresult r = d.mem_alloc(&probe, 1);
+  if (r == CUDA_SUCCESS) d.mem_free(probe);
+  CUcontext popped = nullptr;
+  d.ctx_pop_current(&popped);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+      r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+    throw Error(kCaptureMessage);
+  check_cuda(r, "cuMemAlloc (capture probe)");
+}
+
 class LayerImpl final : public Layer {
  public:
   LayerImpl(CompiledLayer compiled, CUcontext context, CUdevice device, bool retained_primary)
@@ -292,8 +314,7 @@ class LayerImpl final : public Layer {
         CUresult r = d.module_load_data(&module, unit.binary->cubin.data());
         if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
             r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
-          throw Error("moejit: cannot load kernels while a stream is being captured; warm up before graph "
-                      "capture (create the layer and run forward once before capturing)");
+          throw Error(kCaptureMessage);
         check_cuda(r, fmt::format("loading unit '{}'", unit.unit).c_str());
         loaded.modules.push_back(module);
         for (const auto& entry : unit.binary->kernel_names) {
@@ -359,6 +380,7 @@ std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions
     arch = arch_for(DeviceInfo{0, "", major, minor, 0, 0});
   }
   try {
+    refuse_during_capture(context);
     CompiledLayer compiled = compile_layer(config, arch, global_cache());
     return std::make_unique<LayerImpl>(std::move(compiled), context, device, retained);
   } catch (...) {
