@@ -16,6 +16,7 @@
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
 #include "compiler/version.h"
+#include "runtime/backend_select.h"
 #include "runtime/cuda_driver.h"
 
 namespace moejit::cli {
@@ -133,6 +134,8 @@ void info() {
                arch_for(*device));
   else
     fmt::print("device: none ({}); compiling for {}\n", why, default_arch());
+  BackendChoice backend = select_backend(query_device(0, nullptr), k, ixformer_backend_built(), why);
+  fmt::print("backend: {} ({})\n", to_string(backend.kind), backend.reason);
   fmt::print("templates digest: {}\n", templates_digest());
   fmt::print("environment:\n");
   for (const auto& row : k.table()) fmt::print("  {:<24} = {:<28} {}\n", row[0], row[1], row[2]);

@@ -69,6 +69,11 @@ Knobs Knobs::from_environment() {
   k.repro_dir = env("MOEJIT_REPRO_DIR");
   if (k.repro_dir.empty()) k.repro_dir = env("TMPDIR");
   if (k.repro_dir.empty()) k.repro_dir = "/tmp";
+  k.backend = env("MOEJIT_BACKEND");
+  if (k.backend.empty()) k.backend = "auto";
+  if (k.backend != "auto" && k.backend != "jit" && k.backend != "ixformer")
+    throw InvalidInput(
+        fmt::format("MOEJIT_BACKEND: '{}' is not allowed; allowed values: auto, jit, ixformer", k.backend));
   return k;
 }
 
@@ -87,6 +92,7 @@ std::vector<std::vector<std::string>> Knobs::table() const {
       {"MOEJIT_NVRTC_PCH", nvrtc_pch ? "1" : "0", "NVRTC precompiled headers (in-process)"},
       {"MOEJIT_LINEINFO", lineinfo ? "1" : "0", "compile with -lineinfo (changes the binary; in the cache key)"},
       {"MOEJIT_REPRO_DIR", repro_dir, "where a failed compile is saved for reproduction"},
+      {"MOEJIT_BACKEND", backend, "auto | jit | ixformer (auto: ixformer on Iluvatar devices, else the JIT)"},
   };
 }
 

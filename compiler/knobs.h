@@ -20,6 +20,7 @@ struct Knobs {
   bool nvrtc_pch = false;         // MOEJIT_NVRTC_PCH=1 asks NVRTC for precompiled headers
   bool lineinfo = false;          // MOEJIT_LINEINFO=1 compiles with -lineinfo (code-affecting)
   std::string repro_dir;          // MOEJIT_REPRO_DIR: where failed compiles are saved (default $TMPDIR or /tmp)
+  std::string backend = "auto";   // MOEJIT_BACKEND: auto | jit | ixformer (runtime/backend_select.h)
 
   // Reads the environment. Throws InvalidInput naming the variable when a value does not parse.
   static Knobs from_environment();

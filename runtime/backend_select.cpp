@@ -18,7 +18,7 @@ std::string describe(const DeviceInfo& d) { return fmt::format("device {} ({})",
 
 constexpr const char* kNotBuilt =
     "this build has no ixformer backend (configure with MOEJIT_WITH_IXFORMER=ON and IXFORMER_INSTALL_PATH "
-    "pointing at the CoreX ixformer install); layer calls on this device will fail";
+    "pointing at the CoreX ixformer install); moejit ops on such a device raise an error";
 
 }  // namespace
 

@@ -48,6 +48,18 @@ for r in "${optional[@]}"; do
 done
 command -v ninja >/dev/null 2>&1 || echo "setup: ninja not found; building with make"
 
+# The torch side (op library, Python package, its tests) builds against the GPU machine's versions.
+# Where python3 lacks them and pip can reach PyPI, install those pins (CI does this; the GPU
+# machine has them and no registry).
+python_pins=("torch==2.11.0" "transformers==5.17.0" "pytest")
+if command -v python3 >/dev/null 2>&1; then
+  if ! python3 -c "import torch, transformers, pytest" >/dev/null 2>&1; then
+    echo "setup: installing ${python_pins[*]} with pip"
+    python3 -m pip install -q "${python_pins[@]}" \
+      || echo "setup: could not install the torch side; the op library and its tests will be skipped"
+  fi
+fi
+
 cuda_home="${MOEJIT_CUDA_HOME:-${CUDA_HOME:-/usr/local/cuda}}"
 if [ ! -e "$cuda_home/include/nvrtc.h" ]; then
   echo "setup: no CUDA toolkit at $cuda_home (nvrtc.h missing); install CUDA 12.8+ and set CUDA_HOME" >&2

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/ixformer/torch_dispatch.h"
 #include "backends/torch/cpu_kernels.h"
 #include "compiler/error.h"
 #include "runtime/layer.h"
@@ -193,6 +194,9 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   TORCH_CHECK_VALUE(logits.size(0) == hidden.size(0), "moejit: router_logits has ", logits.size(0),
                     " rows but hidden has ", hidden.size(0));
   c10::cuda::CUDAGuard guard(hidden.device());
+  if (ilu::use_ixformer(hidden.device()))  // Iluvatar: ixformer, not the JIT (runtime/backend_select.h)
+    return ilu::moe_layer_op(c, hidden, logits, w13, w2, bias, w13_scale, w2_scale, input_smooth, act_smooth,
+                             residual);
   const Layer& layer = layer_for(entry, hidden.device());
   const int64_t tokens = hidden.size(0);
   at::Tensor out = at::empty_like(hidden);
@@ -211,6 +215,7 @@ std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const st
   const MoeConfig& c = entry.config;
   check_routing_tensors(c, logits, bias);
   c10::cuda::CUDAGuard guard(logits.device());
+  if (ilu::use_ixformer(logits.device())) return ilu::route_op(c, logits, bias);
   const Layer& layer = layer_for(entry, logits.device());
   const int64_t tokens = logits.size(0);
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options().dtype(at::kFloat));
@@ -235,6 +240,8 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
   expect(topk_ids, "topk_ids", at::kInt, {tokens, c.topk});
   expect(topk_weights, "topk_weights", at::kFloat, {tokens, c.topk});
   c10::cuda::CUDAGuard guard(hidden.device());
+  if (ilu::use_ixformer(hidden.device()))
+    return ilu::experts_op(c, hidden, topk_ids, topk_weights, w13, w2, residual);
   const Layer& layer = layer_for(entry, hidden.device());
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
@@ -250,6 +257,7 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
 std::string compile_cuda(const std::string& config_json, int64_t device_index) {
   ConfigEntry& entry = entry_for(config_json);
   at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  if (ilu::use_ixformer(device)) return ilu::compile_summary(entry.config);
   const Layer& layer = layer_for(entry, device);
   nlohmann::json summary = {{"kernels", layer.plan().kernels.size()}, {"units", layer.plan().unit_names()},
                             {"arch", layer.plan().arch}};
