@@ -1,0 +1,164 @@
+"""MoeConfig: one MoE layer's configuration in moejit's JSON format (SPEC.md names every field).
+
+The C++ library is the authority on what is valid: ``MoeConfig.validate()`` and every op call parse
+the JSON there and raise ``ValueError`` naming the field, the value and the rule. This class only
+holds the values, spells them as JSON and reads them off Hugging Face experts modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["MoeConfig", "activation_from_hf", "dtype_name"]
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+# Hugging Face `hidden_act` names -> moejit activations (SPEC.md stage 4). gelu_new and gelu_fast are
+# the tanh approximation written out by hand; they compute the same function as gelu_pytorch_tanh.
+_HF_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """moejit's name of a torch dtype ("bf16", "fp16", "fp32"); TypeError for any other."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TypeError(f"moejit: dtype {dtype} is not supported; allowed: bfloat16, float16, float32") from None
+
+
+def activation_from_hf(hidden_act: Any) -> str:
+    """moejit's activation for a Hugging Face ``hidden_act``; NotImplementedError naming any other."""
+    if isinstance(hidden_act, str) and hidden_act in _HF_ACTIVATIONS:
+        return _HF_ACTIVATIONS[hidden_act]
+    raise NotImplementedError(
+        f"moejit: hidden_act {hidden_act!r} is not supported; supported: {', '.join(sorted(_HF_ACTIVATIONS))}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """One MoE layer. Defaults are the C++ defaults (compiler/moe_config.h), except ``router_dtype``:
+    None means "same as dtype", as in config_from_json."""
+
+    experts: int = 8
+    topk: int = 2
+    num_expert_group: int = 1
+    topk_group: int = 1
+    scoring: str = "softmax"  # softmax | sigmoid
+    topk_method: str = "greedy"  # greedy | group_limited_greedy | noaux_tc
+    renormalize: bool = True
+    routed_scaling_factor: float = 1.0
+    hidden: int = 4096
+    moe_intermediate: int = 14336
+    activation: str = "silu"  # silu | gelu | gelu_tanh
+    gated: bool = True
+    dtype: str = "bf16"  # bf16 | fp16 | fp32
+    router_dtype: Optional[str] = None  # None: same as dtype
+    quant: str = "none"  # none | w8a8_int8
+    ep_size: int = 1
+    ep_rank: int = 0
+    tp_size: int = 1
+    tp_rank: int = 0
+    n_shared_experts: int = 0
+    weight_layout: str = "nk"  # nk: w13 [E_loc, 2I, H]; kn: w13 [E_loc, H, 2I]
+
+    def __post_init__(self):
+        # Accept torch dtypes for the two dtype fields; everything else is checked by the library.
+        if isinstance(self.dtype, torch.dtype):
+            object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if isinstance(self.router_dtype, torch.dtype):
+            object.__setattr__(self, "router_dtype", dtype_name(self.router_dtype))
+
+    # Derived sizes (SPEC.md notation).
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.ep_size
+
+    @property
+    def local_intermediate(self) -> int:
+        return self.moe_intermediate // self.tp_size
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def router_torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.router_dtype or self.dtype]
+
+    def w13_shape(self) -> tuple:
+        rows = (2 if self.gated else 1) * self.local_intermediate
+        nk = self.weight_layout == "nk"
+        return (self.local_experts, rows, self.hidden) if nk else (self.local_experts, self.hidden, rows)
+
+    def w2_shape(self) -> tuple:
+        nk = self.weight_layout == "nk"
+        i = self.local_intermediate
+        return (self.local_experts, self.hidden, i) if nk else (self.local_experts, i, self.hidden)
+
+    def to_json(self) -> str:
+        """The JSON string the ops take. Deterministic: equal configs give equal strings, so the
+        op library's per-config registry (keyed by this string) compiles each config once."""
+        d = dataclasses.asdict(self)
+        if d["router_dtype"] is None:
+            del d["router_dtype"]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "MoeConfig":
+        d = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"moejit: unknown config field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**d)
+
+    @classmethod
+    def from_hf_experts(cls, module: torch.nn.Module, top_k: int, dtype: Optional[torch.dtype] = None) -> "MoeConfig":
+        """The experts-only config of a Hugging Face experts module (MixtralExperts, Qwen3MoeExperts,
+        DeepseekV3Experts, Qwen3NextExperts, ...). Routing fields keep their defaults: the model routes
+        itself and hands moejit the chosen ids and weights. Raises ValueError for a layout moejit
+        does not take and NotImplementedError for an unsupported activation."""
+        check_hf_experts(module)
+        return cls(
+            experts=int(module.num_experts),
+            topk=int(top_k),
+            hidden=int(module.hidden_dim),
+            moe_intermediate=int(module.intermediate_dim),
+            activation=activation_from_hf(getattr(module.config, "hidden_act", None)),
+            dtype=dtype_name(dtype if dtype is not None else module.gate_up_proj.dtype),
+        )
+
+
+def check_hf_experts(module: torch.nn.Module) -> None:
+    """Refuses experts modules whose weights are not moejit's [E, 2I, H] gate-then-up layout."""
+    name = type(module).__name__
+    problems = []
+    if getattr(module, "has_bias", False):
+        problems.append("it has biases (has_bias=True)")
+    if getattr(module, "is_transposed", False):
+        problems.append("its weights are transposed (is_transposed=True)")
+    if not getattr(module, "has_gate", True):
+        problems.append("it has no gate (has_gate=False)")
+    if not getattr(module, "is_concatenated", True):
+        problems.append("its gate and up rows are interleaved (is_concatenated=False)")
+    if not (hasattr(module, "gate_up_proj") and hasattr(module, "down_proj")):
+        problems.append("it has no gate_up_proj/down_proj parameters")
+    if problems:
+        raise ValueError(
+            f"moejit: experts module {name} is not supported: {'; '.join(problems)}. moejit takes gated, "
+            "bias-free experts with gate_up_proj [E, 2I, H] (gate rows first) and down_proj [E, H, I]; "
+            "use another experts implementation for this model"
+        )

@@ -1,0 +1,126 @@
+"""The "moejit" experts implementation for Hugging Face transformers (5.x `ExpertsInterface`).
+
+``model.set_experts_implementation("moejit")`` (or ``moejit.patch(model)``) makes every experts module
+(MixtralExperts, Qwen3MoeExperts, DeepseekV3Experts, Qwen3NextExperts, ...) call
+``torch.ops.moejit.experts`` with the ids and weights the model's own router chose. Routing and shared
+experts stay Hugging Face's. The forward traces into one call node under torch.compile.
+
+What may fail, at the first call for a module config:
+  ValueError           the module has biases, transposed or interleaved weights, or no gate
+  NotImplementedError  config.hidden_act is not silu/swish/gelu/gelu_pytorch_tanh/gelu_new/gelu_fast
+and at every call, from the op: ValueError naming a tensor with the wrong shape, dtype or strides.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ops
+from .config import MoeConfig, activation_from_hf, check_hf_experts, dtype_name
+
+__all__ = ["IMPLEMENTATION_NAME", "moejit_experts_forward", "register", "experts_config_json", "find_experts_modules"]
+
+IMPLEMENTATION_NAME = "moejit"
+MAX_TOPK = 32  # the library's limit (compiler/moe_config.cpp)
+
+# JSON per module config, so a forward does no JSON work after the first call for that config.
+_CONFIG_JSON: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def _config_json(experts: int, topk: int, hidden: int, intermediate: int, hidden_act, dtype: torch.dtype,
+                 layout: tuple) -> str:
+    # Called at trace time under torch.compile (its result becomes a constant of the graph): only
+    # plain values come in, so the guards dynamo installs on them cover the cache key.
+    key = (experts, topk, hidden, intermediate, hidden_act, dtype, layout)
+    cfg = _CONFIG_JSON.get(key)
+    if cfg is None:
+        cfg = experts_config_json(experts, topk, hidden, intermediate, activation_from_hf(hidden_act), dtype)
+        _CONFIG_JSON[key] = cfg
+    return cfg
+
+
+def experts_config_json(experts: int, topk: int, hidden: int, intermediate: int, activation: str,
+                        dtype: torch.dtype) -> str:
+    """The experts-only config JSON that the experts implementation, patch() and the torch.compile
+    backend all use for one experts shape, so they share one compiled layer in the op library."""
+    return MoeConfig(experts=experts, topk=topk, hidden=hidden, moe_intermediate=intermediate,
+                     activation=activation, dtype=dtype_name(dtype)).to_json()
+
+
+def _static_topk(top_k_index: torch.Tensor, module: torch.nn.Module) -> int:
+    # K is part of the config. Under torch.compile with dynamic shapes the column count can be a
+    # SymInt, which cannot go into a constant string: specialize it (one guard) by comparison,
+    # trying the model's num_experts_per_tok first.
+    k = top_k_index.shape[1]
+    if not torch.compiler.is_compiling():
+        return int(k)
+    expected = getattr(getattr(module, "config", None), "num_experts_per_tok", None)
+    candidates = ((expected,) if isinstance(expected, int) else ()) + tuple(range(1, MAX_TOPK + 1))
+    for c in candidates:
+        if k == c:
+            return c
+    raise ValueError(f"moejit: top_k_index has {k} columns; moejit takes 1..{MAX_TOPK}")
+
+
+def moejit_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """ExpertsInterface implementation: [T, H] hidden, [T, K] ids (ids outside [0, E) contribute 0,
+    as HF's expert-parallel sentinels need) and [T, K] weights -> [T, H] weighted sum, hidden's dtype."""
+    layout = (getattr(self, "has_bias", False), getattr(self, "is_transposed", False),
+              getattr(self, "has_gate", True), getattr(self, "is_concatenated", True))
+    if layout != (False, False, True, True) or not hasattr(self, "gate_up_proj"):
+        check_hf_experts(self)  # raises ValueError explaining what is unsupported
+    hidden_act = getattr(getattr(self, "config", None), "hidden_act", None)
+    cfg = _config_json(self.num_experts, _static_topk(top_k_index, self), self.hidden_dim, self.intermediate_dim,
+                       hidden_act, hidden_states.dtype, layout)
+    return torch.ops.moejit.experts(
+        hidden_states.contiguous(),
+        top_k_index.to(torch.int32).contiguous(),
+        top_k_weights.to(torch.float32).contiguous(),
+        self.gate_up_proj,
+        self.down_proj,
+        None, None, None, None, None,
+        cfg,
+    )
+
+
+def register() -> None:
+    """Adds "moejit" to transformers' ALL_EXPERTS_FUNCTIONS (idempotent). Must run before a model is
+    built with experts_implementation="moejit" or switched with set_experts_implementation."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    _ops.load_library()
+    if ALL_EXPERTS_FUNCTIONS.get(IMPLEMENTATION_NAME) is not moejit_experts_forward:
+        ALL_EXPERTS_FUNCTIONS[IMPLEMENTATION_NAME] = moejit_experts_forward
+
+
+def find_experts_modules(model: torch.nn.Module) -> list:
+    """(name, module) of every experts module that the ExpertsInterface dispatches (the classes
+    decorated with transformers' use_experts_implementation), in model order."""
+    found = []
+    for name, module in model.named_modules():
+        if all(hasattr(module, a) for a in ("has_gate", "has_bias", "is_transposed", "is_concatenated")) and \
+                hasattr(module, "num_experts"):
+            found.append((name, module))
+    return found
+
+
+def module_topk(module: torch.nn.Module):
+    """The top-k an experts module will be called with, from its model config; None when unknown."""
+    cfg = getattr(module, "config", None)
+    for attr in ("num_experts_per_tok", "moe_topk", "top_k"):
+        k = getattr(cfg, attr, None)
+        if isinstance(k, int) and k > 0:
+            return k
+    return None
+
+
+def module_config_json(module: torch.nn.Module, topk: int, dtype=None) -> str:
+    """The JSON the experts implementation will use for this module (same string, same cache entry)."""
+    check_hf_experts(module)
+    dtype = dtype if dtype is not None else module.gate_up_proj.dtype
+    layout = (module.has_bias, module.is_transposed, module.has_gate, module.is_concatenated)
+    hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+    return _config_json(int(module.num_experts), int(topk), int(module.hidden_dim), int(module.intermediate_dim),
+                        hidden_act, dtype, layout)

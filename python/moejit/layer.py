@@ -1,0 +1,82 @@
+"""MoELayer: one whole MoE layer (routing + experts) as a torch module over torch.ops.moejit.moe_layer."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .config import MoeConfig
+
+__all__ = ["MoELayer"]
+
+
+class MoELayer(nn.Module):
+    """Routing and routed experts of one layer, as SPEC.md defines them.
+
+    Holds w13 [E_loc, 2I, H] (gate rows first, then up) and w2 [E_loc, H, I] (layout nk; kn stores
+    their transposes), e_score_correction_bias [E] fp32 for topk_method noaux_tc, and for quant
+    w8a8_int8 the int8 weights with w13_scale [E_loc, 2I], w2_scale [E_loc, H], input_smooth [E, H]
+    and act_smooth [E_loc, I] (fp32). Tensors not given are allocated on `device` (default: w13's):
+    zeros, and ones for the scales and smooths.
+
+    forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
+    The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
+    strides, and ValueError for an invalid config. There is no backward.
+    """
+
+    def __init__(self, config: MoeConfig, w13: Optional[torch.Tensor] = None, w2: Optional[torch.Tensor] = None, *,
+                 e_score_correction_bias: Optional[torch.Tensor] = None, w13_scale: Optional[torch.Tensor] = None,
+                 w2_scale: Optional[torch.Tensor] = None, input_smooth: Optional[torch.Tensor] = None,
+                 act_smooth: Optional[torch.Tensor] = None, device=None):
+        super().__init__()
+        if isinstance(config, str):
+            config = MoeConfig.from_json(config)
+        self.config = config
+        self._config_json = config.to_json()
+        if device is None and w13 is not None:
+            device = w13.device
+        w8a8 = config.quant == "w8a8_int8"
+        weight_dtype = torch.int8 if w8a8 else config.torch_dtype
+
+        def given(t, shape, dtype, fill=0.0):
+            return t if t is not None else torch.full(shape, fill, dtype=dtype, device=device)
+
+        self.w13 = nn.Parameter(given(w13, config.w13_shape(), weight_dtype), requires_grad=False)
+        self.w2 = nn.Parameter(given(w2, config.w2_shape(), weight_dtype), requires_grad=False)
+        E, E_loc, H, I = config.experts, config.local_experts, config.hidden, config.local_intermediate
+        rows = config.w13_shape()[1] if config.weight_layout == "nk" else config.w13_shape()[2]
+        needs_bias = config.topk_method == "noaux_tc"
+        self.register_buffer("e_score_correction_bias",
+                             given(e_score_correction_bias, (E,), torch.float32) if needs_bias or
+                             e_score_correction_bias is not None else None)
+        self.register_buffer("w13_scale", given(w13_scale, (E_loc, rows), torch.float32, 1.0)
+                             if w8a8 or w13_scale is not None else None)
+        self.register_buffer("w2_scale", given(w2_scale, (E_loc, H), torch.float32, 1.0)
+                             if w8a8 or w2_scale is not None else None)
+        self.register_buffer("input_smooth", given(input_smooth, (E, H), torch.float32, 1.0)
+                             if w8a8 or input_smooth is not None else None)
+        self.register_buffer("act_smooth", given(act_smooth, (E_loc, I), torch.float32, 1.0)
+                             if w8a8 or act_smooth is not None else None)
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch.ops.moejit.moe_layer(hidden, router_logits, self.w13, self.w2, self.e_score_correction_bias,
+                                          self.w13_scale, self.w2_scale, self.input_smooth, self.act_smooth,
+                                          residual, self._config_json)
+
+    def route(self, router_logits: torch.Tensor):
+        """(topk_weights [T, K] fp32, topk_ids [T, K] int32) of SPEC.md stage 1."""
+        return torch.ops.moejit.route(router_logits, self.e_score_correction_bias, self._config_json)
+
+    def precompile(self, device=None) -> dict:
+        """Builds and loads this layer's kernels on its (or the given) CUDA device; validates on CPU."""
+        from . import compile as compile_configs
+
+        return compile_configs(self.config, device if device is not None else self.w13.device)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"experts={c.experts}, topk={c.topk}, hidden={c.hidden}, moe_intermediate={c.moe_intermediate}, "
+                f"dtype={c.dtype}, quant={c.quant}")
