@@ -11,3 +11,9 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DCUDAToolkit_ROOT="$cuda_home" >/dev/null
 fi
 cmake --build "$build" -j "$(nproc)"
+# The Python package loads the op library from python/moejit/lib/ (also what `pip install ./python`
+# ships); copy it on every build so the copy is never stale.
+if [ -f "$build/backends/torch/libmoejit_torch.so" ]; then
+  mkdir -p "$root/python/moejit/lib"
+  cp "$build/backends/torch/libmoejit_torch.so" "$root/python/moejit/lib/"
+fi

@@ -124,6 +124,8 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   const MoeConfig& c = parse_config(config);
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
   const int64_t tokens = hidden.size(0), K = c.topk, H = c.hidden, I = c.local_intermediate();
+  TORCH_CHECK_VALUE(topk_ids.is_contiguous() && topk_weights.is_contiguous(),
+                    "moejit: topk_ids and topk_weights must be contiguous (call .contiguous())");
   TORCH_CHECK_VALUE(topk_ids.sizes() == at::IntArrayRef({tokens, K}) && topk_ids.scalar_type() == at::kInt,
                     "moejit: topk_ids must be int32 [", tokens, ", ", K, "], got ", topk_ids.scalar_type(), " ",
                     topk_ids.sizes());

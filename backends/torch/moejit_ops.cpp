@@ -50,7 +50,7 @@ ConfigEntry& entry_for(const std::string& config_json) {
     config = config_from_json(nlohmann::json::parse(config_json));
     validate(config);
   } catch (const nlohmann::json::exception& e) {
-    TORCH_CHECK(false, "moejit: config is not valid JSON: ", e.what());
+    TORCH_CHECK_VALUE(false, "moejit: config is not valid JSON: ", e.what());
   } catch (const InvalidInput& e) {
     TORCH_CHECK_VALUE(false, "moejit: invalid config: ", e.what());
   }
@@ -264,11 +264,23 @@ std::string compile_cuda(const std::string& config_json, int64_t device_index) {
   return summary.dump();
 }
 
-// Meta: shapes only.
-at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+// Meta: shapes only, but the config and every static shape are checked as the real kernels do, so
+// a wrong weight fails while tracing rather than at run time. The token count may be symbolic.
+void check_meta(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2) {
+  TORCH_CHECK_VALUE(hidden.dim() == 2 && hidden.sym_size(1) == c.hidden, "moejit: hidden must be [tokens, ",
+                    c.hidden, "], got ", hidden.sym_sizes());
+  TORCH_CHECK_VALUE(w13.sizes() == at::IntArrayRef(w13_shape(c)), "moejit: w13 must have shape ",
+                    at::IntArrayRef(w13_shape(c)), ", got ", w13.sizes());
+  TORCH_CHECK_VALUE(w2.sizes() == at::IntArrayRef(w2_shape(c)), "moejit: w2 must have shape ",
+                    at::IntArrayRef(w2_shape(c)), ", got ", w2.sizes());
+}
+
+at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor& w13, const at::Tensor& w2,
                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::string&) {
+                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                          const std::string& config_json) {
+  check_meta(parse_config(config_json), hidden, w13, w2);
   return at::empty_like(hidden);
 }
 
@@ -279,10 +291,11 @@ std::tuple<at::Tensor, at::Tensor> route_meta(const at::Tensor& logits, const st
           at::empty({logits.size(0), c.topk}, logits.options().dtype(at::kInt))};
 }
 
-at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor&, const at::Tensor& w13,
+                        const at::Tensor& w2, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        const std::optional<at::Tensor>&, const std::string&) {
+                        const std::optional<at::Tensor>&, const std::string& config_json) {
+  check_meta(parse_config(config_json), hidden, w13, w2);
   return at::empty_like(hidden);
 }
 
