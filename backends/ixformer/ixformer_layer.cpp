@@ -6,13 +6,10 @@
 
 #include "backends/ixformer/ixformer_api.h"
 #include "backends/ixformer/portable_routing.h"
+#include "backends/torch/dtype.h"
 
 namespace moejit::ilu {
 namespace {
-
-at::ScalarType model_type(DType d) {
-  return d == DType::BF16 ? at::kBFloat16 : d == DType::FP16 ? at::kHalf : at::kFloat;
-}
 
 void expect(const at::Tensor& t, const char* name, at::ScalarType dtype, at::IntArrayRef shape,
             const at::Device& device) {
@@ -91,7 +88,7 @@ at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tenso
                     c.hidden, "], got ", hidden.sizes());
   const int64_t T = hidden.size(0), K = c.topk, H = c.hidden, E = c.experts, M = T * K;
   const int64_t I = c.local_intermediate(), N1 = c.gemm1_rows();
-  const at::ScalarType dtype = model_type(c.dtype);
+  const at::ScalarType dtype = scalar_type(c.dtype);
   const at::Device device = hidden.device();
   expect(hidden, "hidden", dtype, {T, H}, device);
   expect(topk_ids, "topk_ids", at::kInt, {T, K}, device);

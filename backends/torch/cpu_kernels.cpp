@@ -1,15 +1,13 @@
 #include "backends/torch/cpu_kernels.h"
 
+#include "backends/torch/dtype.h"
+
 #include <cfloat>
 #include <cmath>
 #include <vector>
 
 namespace moejit::torch_ops {
 namespace {
-
-at::ScalarType model_type(DType d) {
-  return d == DType::BF16 ? at::kBFloat16 : d == DType::FP16 ? at::kHalf : at::kFloat;
-}
 
 // SPEC.md: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX.
 float sanitize(float x) {
@@ -132,7 +130,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   TORCH_CHECK_VALUE(topk_weights.sizes() == at::IntArrayRef({tokens, K}) && topk_weights.scalar_type() == at::kFloat,
                     "moejit: topk_weights must be float32 [", tokens, ", ", K, "], got ", topk_weights.scalar_type(),
                     " ", topk_weights.sizes());
-  const at::ScalarType dtype = model_type(c.dtype);
+  const at::ScalarType dtype = scalar_type(c.dtype);
   const bool w8a8 = c.quant == Quant::W8A8Int8;
   at::Tensor x = hidden.to(at::kFloat);
   at::Tensor flat_ids = topk_ids.reshape({-1}).to(at::kLong);

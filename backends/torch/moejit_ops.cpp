@@ -22,6 +22,7 @@
 
 #include "backends/ixformer/torch_dispatch.h"
 #include "backends/torch/cpu_kernels.h"
+#include "backends/torch/dtype.h"
 #include "compiler/error.h"
 #include "runtime/layer.h"
 
@@ -73,15 +74,6 @@ const Layer& layer_for(ConfigEntry& entry, const at::Device& device) {
     }
   }
   return *slot;
-}
-
-at::ScalarType scalar_type(DType d) {
-  switch (d) {
-    case DType::BF16: return at::kBFloat16;
-    case DType::FP16: return at::kHalf;
-    case DType::FP32: return at::kFloat;
-  }
-  return at::kFloat;
 }
 
 void expect(const at::Tensor& t, const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {

@@ -1,5 +1,7 @@
 #include "tests/ixformer/problem.h"
 
+#include "backends/torch/dtype.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 
@@ -11,8 +13,6 @@
 namespace moejit::ilu_test {
 namespace {
 
-at::ScalarType scalar(DType d) { return d == DType::BF16 ? at::kBFloat16 : d == DType::FP16 ? at::kHalf : at::kFloat; }
-
 std::vector<double> doubles(const at::Tensor& t) {
   at::Tensor d = t.to(at::kCPU).to(at::kDouble).contiguous();
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
@@ -23,7 +23,7 @@ std::vector<double> doubles(const at::Tensor& t) {
 Problem make_problem(const MoeConfig& c, int64_t T, uint64_t seed, bool residual, at::Device device) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   auto randn = [&](std::vector<int64_t> shape, double scale, DType dtype) {
-    return (at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale).to(scalar(dtype));
+    return (at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale).to(scalar_type(dtype));
   };
   const int64_t E = c.experts, E_loc = c.local_experts(), H = c.hidden, I = c.local_intermediate();
   Problem p;
