@@ -4,6 +4,7 @@
 #include "runtime/layer.h"
 
 #include <array>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -343,7 +344,9 @@ class LayerImpl final : public Layer {
   CUdevice device_;
   bool retained_primary_;
   mutable std::mutex mutex_;
-  mutable std::vector<LoadedContext> contexts_;
+  // A deque: forward keeps a reference to its context's functions while another thread may load
+  // a new context, and push_back on a deque never moves the existing elements.
+  mutable std::deque<LoadedContext> contexts_;
 };
 
 }  // namespace
