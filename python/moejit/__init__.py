@@ -60,6 +60,12 @@ def set_log_level(level: Union[str, int]) -> None:
         log.addHandler(handler)
 
 
+# MOEJIT_LOG=info|debug (read by the C++ knobs, like every MOEJIT_* variable) turns the logger on,
+# e.g. to see which graph regions the torch.compile backend replaced.
+if hasattr(torch.ops.moejit, "log_level") and torch.ops.moejit.log_level() != "off":
+    set_log_level(torch.ops.moejit.log_level())
+
+
 def library_path():
     """Where the op library was loaded from (None when another copy had registered the ops first)."""
     return _ops.loaded_from()

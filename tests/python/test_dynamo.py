@@ -253,3 +253,28 @@ def test_inductor_toy_block():
     (report,) = mdynamo.reports()
     assert len(report.replaced) == 1 and '"activation":"gelu_tanh"' in report.replaced[0][1]
     assert rel_error(out, block(x)) < TOLERANCE[torch.float32]
+
+
+def test_moejit_log_reports_replaced_regions(request):
+    """MOEJIT_LOG=info (read by the C++ knobs) makes the backend say which regions it replaced."""
+    import os
+    import subprocess
+    import sys
+
+    library = request.config.getoption("--moejit-library", default=None)
+    script = (
+        "import sys; sys.path.insert(0, {tests!r}); import torch, moejit\n"
+        "{load}"
+        "from conftest import build_model\n"
+        "model = build_model('mixtral')\n"
+        "ids = torch.randint(0, model.config.vocab_size, (1, 5))\n"
+        "with torch.no_grad():\n"
+        "    torch.compile(model, backend='moejit', fullgraph=True)(ids)\n"
+    ).format(tests=os.path.dirname(__file__),
+             load=f"torch.ops.load_library({str(library)!r})\n" if library else "")
+    env = dict(os.environ, MOEJIT_LOG="info")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+                                         env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "moejit backend: replaced" in result.stderr, result.stderr[-3000:]
