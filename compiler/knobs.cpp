@@ -88,7 +88,7 @@ std::vector<std::vector<std::string>> Knobs::table() const {
       {"MOEJIT_DISK_CACHE", disk_cache ? "1" : "0", "0 keeps binaries in memory only"},
       {"MOEJIT_CUDA_HOME", cuda_home, "CUDA toolkit for CUB/CCCL headers (else CUDA_HOME, else the build's)"},
       {"MOEJIT_COMPILE_THREADS", std::to_string(compile_threads), "parallel NVRTC compiles"},
-      {"MOEJIT_LOG", log_level, "off | info | debug"},
+      {"MOEJIT_LOG", log_level, "off | info | debug: compile/cache lines on stderr; the torch.compile backend's reports"},
       {"MOEJIT_NVRTC_PCH", nvrtc_pch ? "1" : "0", "NVRTC precompiled headers (in-process)"},
       {"MOEJIT_LINEINFO", lineinfo ? "1" : "0", "compile with -lineinfo (changes the binary; in the cache key)"},
       {"MOEJIT_REPRO_DIR", repro_dir, "where a failed compile is saved for reproduction"},

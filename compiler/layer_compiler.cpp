@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "compiler/knobs.h"
 #include "compiler/version.h"
 
@@ -95,6 +97,11 @@ CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, Ke
       std::lock_guard lock(progress_mutex);
       ++done;
       if (progress && !errors[i]) progress(result, done, total);
+      // MOEJIT_LOG=info|debug: one line per unit on stderr, so an engine's log shows what model
+      // load compiled and what came from the cache.
+      if (knobs().log_level != "off" && !errors[i])
+        fmt::print(stderr, "moejit: unit {} for {}: {} in {:.3f} s (key {})\n", unit.name, arch,
+                   to_string(result.outcome), result.seconds, result.key.substr(0, 16));
     }
   };
   const size_t threads = std::min<size_t>(std::max(1, knobs().compile_threads), total);
