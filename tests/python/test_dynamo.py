@@ -263,8 +263,11 @@ def test_moejit_log_reports_replaced_regions(request):
 
     library = request.config.getoption("--moejit-library", default=None)
     script = (
-        "import sys; sys.path.insert(0, {tests!r}); import torch, moejit\n"
+        # The op library named by --moejit-library loads before moejit, as conftest does, so moejit
+        # finds the ops registered and loads no second copy.
+        "import sys; sys.path.insert(0, {tests!r}); import torch\n"
         "{load}"
+        "import moejit\n"
         "from conftest import build_model\n"
         "model = build_model('mixtral')\n"
         "ids = torch.randint(0, model.config.vocab_size, (1, 5))\n"
