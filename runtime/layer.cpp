@@ -113,11 +113,10 @@ class LayerImpl final : public Layer {
   void forward(void* stream_handle, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
                size_t workspace_size) const override {
     check_routing_arguments(tokens, in.router_logits, in.e_score_correction_bias);
-    check_expert_arguments(tokens, in, output, workspace, workspace_size);
+    const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
     CUstream stream = static_cast<CUstream>(stream_handle);
     const std::vector<CUfunction>& fn = functions_for(stream);
-    const WorkspaceOffsets o = workspace_offsets(config(), tokens);
     char* ws = static_cast<char*>(workspace);
     float* weights = reinterpret_cast<float*>(ws + o.topk_weights);
     int* ids = reinterpret_cast<int*>(ws + o.topk_ids);
@@ -139,11 +138,11 @@ class LayerImpl final : public Layer {
                const LayerInputs& in, void* output, void* workspace, size_t workspace_size) const override {
     check_pointer(topk_ids, "topk_ids", 4);
     check_pointer(topk_weights, "topk_weights", 4);
-    check_expert_arguments(tokens, in, output, workspace, workspace_size);
+    const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
     CUstream stream = static_cast<CUstream>(stream_handle);
     launch_experts(functions_for(stream), stream, tokens, topk_ids, topk_weights, in, output,
-                   static_cast<char*>(workspace), workspace_offsets(config(), tokens));
+                   static_cast<char*>(workspace), o);
   }
 
  private:
@@ -186,9 +185,8 @@ class LayerImpl final : public Layer {
     auto ints = [&](int64_t offset) { return reinterpret_cast<int*>(buf(offset)); };
     auto floats = [&](int64_t offset) { return reinterpret_cast<float*>(buf(offset)); };
 
-    size_t bucket = 0;
-    while (bucket + 1 < p.buckets.size() && tokens > p.buckets[bucket].max_tokens) ++bucket;
-    const TokenBucket& b = p.buckets[bucket];
+    const TokenBucket& b = p.bucket_for(tokens);
+    const size_t bucket = static_cast<size_t>(&b - p.buckets.data());
     const int64_t pairs = tokens * c.topk;
     const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
     const int64_t row_tiles = max_row_tiles(c, tokens, b.gemm1.bm);
@@ -251,8 +249,9 @@ class LayerImpl final : public Layer {
     if (c.topk_method == TopkMethod::NoauxTc) check_pointer(bias, "e_score_correction_bias", 4);
   }
 
-  void check_expert_arguments(int64_t tokens, const LayerInputs& in, const void* output, const void* workspace,
-                              size_t workspace_size) const {
+  // Returns the workspace layout for `tokens`, which the check computes anyway.
+  WorkspaceOffsets check_expert_arguments(int64_t tokens, const LayerInputs& in, const void* output,
+                                          const void* workspace, size_t workspace_size) const {
     const MoeConfig& c = config();
     check_tokens(tokens);
     check_pointer(in.hidden, "hidden", 16);
@@ -267,12 +266,13 @@ class LayerImpl final : public Layer {
     }
     if (in.residual && !aligned(in.residual, 16))
       throw InvalidInput(fmt::format("residual: pointer {} is not 16-byte aligned", in.residual));
-    if (tokens == 0) return;
-    const int64_t needed = workspace_offsets(c, tokens).total_bytes;
+    if (tokens == 0) return {};
+    const WorkspaceOffsets offsets = workspace_offsets(c, tokens);
     check_pointer(workspace, "workspace", 256);
-    if (static_cast<int64_t>(workspace_size) < needed)
+    if (static_cast<int64_t>(workspace_size) < offsets.total_bytes)
       throw InvalidInput(fmt::format("workspace: {} bytes is too small; {} tokens need {} bytes (workspace_bytes())",
-                                     workspace_size, tokens, needed));
+                                     workspace_size, tokens, offsets.total_bytes));
+    return offsets;
   }
 
   // The functions of the stream's context, loading the modules there on first use.
