@@ -22,17 +22,18 @@ std::string header_comment(const Plan& plan, const std::string& unit) {
     if (!line.starts_with("ep_rank") && !line.starts_with("tp_rank")) out += "//   " + line + "\n";
   out += "//\n// Token buckets:\n";
   for (const auto& b : plan.buckets)
-    out += fmt::format("//   {} (T {}): gemm1 {}x{}x{} -> {}, gemm2 {}x{}x{} -> {}\n", b.name,
+    out += fmt::format("//   {} (T {}): gemm1 {} -> {}, gemm2 {} -> {}\n", b.name,
                        b.max_tokens == INT64_MAX ? fmt::format(">= {}", b.min_tokens)
                                                  : fmt::format("{}..{}", b.min_tokens, b.max_tokens),
-                       b.gemm1.bm, b.gemm1.bn, b.gemm1.bk, b.gemm1_entry, b.gemm2.bm, b.gemm2.bn,
-                       b.gemm2.bk, b.gemm2_entry);
+                       describe(b.gemm1), b.gemm1_entry, describe(b.gemm2), b.gemm2_entry);
   out += "//\n// Kernels in this unit:\n";
   for (const auto& k : plan.kernels)
     if (k.unit == unit)
-      out += fmt::format("//   {} ({}, {} threads, grid {}{})\n", k.entry, to_string(k.stage), k.launch.threads,
+      out += fmt::format("//   {} ({}, {} threads, grid {}{}{})\n", k.entry, to_string(k.stage), k.launch.threads,
                          to_string(k.launch.rule),
-                         k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "");
+                         k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "",
+                         k.launch.shared_bytes > 0 ? fmt::format(", {} bytes dynamic shared", k.launch.shared_bytes)
+                                                   : "");
   return out;
 }
 

@@ -23,7 +23,8 @@ enum class GridRule {
   PairsPerBlock,      // ceil(T*K / per_block) blocks (index count and scatter)
   SingleBlock,        // 1 block (index scan)
   SortedRows,         // T*K blocks, one per expert-sorted row; rows past the local count exit
-  RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (grouped GEMMs)
+  RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (SIMT grouped GEMMs)
+  RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
   Tokens,             // T blocks (combine)
 };
 std::string_view to_string(GridRule rule);
@@ -32,6 +33,7 @@ struct LaunchRule {
   GridRule rule = GridRule::SingleBlock;
   int threads = 0;
   int64_t per_block = 1;  // tokens, pairs or columns per block, as the rule says
+  int shared_bytes = 0;   // dynamic shared memory per block
 };
 
 // One compile-time constant of a kernel's Spec struct, rendered by codegen as
@@ -54,8 +56,18 @@ struct KernelPlan {
   LaunchRule launch;
 };
 
+// Which grouped-GEMM template a tile runs on.
+enum class GemmKernel {
+  Simt,        // grouped_gemm.cuh: any dtype, layout, quantization and shape
+  TensorCore,  // mma_gemm.cuh: bf16/fp16, nk layout, H and I multiples of 8 (mma.sync, cp.async)
+};
+std::string_view to_string(GemmKernel kernel);
+
 struct TileShape {
-  int bm = 0, bn = 0, bk = 0;
+  GemmKernel kernel = GemmKernel::Simt;
+  int bm = 0, bn = 0, bk = 0;          // bn counts output columns (gate and up: 2*bn weight rows)
+  int warps_m = 0, warps_n = 0;        // tensor core: the warp grid of a block
+  int stages = 0;                      // tensor core: cp.async pipeline depth
 };
 
 // A range of token counts that shares one GEMM tiling. GEMM 1 and 2 share the row tile height,
@@ -121,6 +133,9 @@ struct WorkspaceOffsets {
   int64_t total_bytes = 0;
 };
 WorkspaceOffsets workspace_offsets(const MoeConfig& config, int64_t tokens);
+
+// "16x32x64 (tensor-core, 6 stages, 1x4 warps)" or "16x64x32 (simt)".
+std::string describe(const TileShape& tile);
 
 // Human-readable plan (buckets, kernels with launch rules, workspace for max_tokens).
 std::string describe(const Plan& plan, int64_t max_tokens);

@@ -16,6 +16,9 @@ constexpr int kRouteWarps = 4;
 constexpr int kQuantizeThreads = 256;
 constexpr int kCombineThreads = 256;
 constexpr int kGemmThreads = 256;
+// Row tiles per rasterization group of the tensor-core GEMMs (mma_gemm.cuh): 8 tiles of 128 rows
+// of one expert share each weight tile while resident together.
+constexpr int kGemmGroupRows = 8;
 constexpr int64_t kWorkspaceAlign = 256;
 
 // Device type names as the templates spell them.
@@ -158,6 +161,7 @@ std::vector<KernelPlan> quantize_kernels(const MoeConfig& c) {
 
 KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   const bool quant = c.quant == Quant::W8A8Int8;
+  const bool tensor_core = tile.kernel == GemmKernel::TensorCore;
   const int64_t n = gemm1 ? c.local_intermediate() : c.hidden;
   const int64_t k_len = gemm1 ? c.hidden : c.local_intermediate();
   KernelPlan k;
@@ -165,14 +169,45 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.local_experts(), n,
                         k_len, gemm1 ? "_" + activation_tag(c) : "", data_tag(c), to_string(c.weight_layout),
                         tile.bm, tile.bn, tile.bk);
+  if (tensor_core) k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
   k.unit = "experts";
-  k.device_function = "moejit::grouped_gemm";
   k.args_type = "moejit::GemmArgs";
-  k.header = "moejit/grouped_gemm.cuh";
   // GEMM 1 reads hidden rows through the gather unless w8a8 quantized them into sorted order.
   std::string a_type = quant ? "signed char" : device_type(c.dtype);
   // w8a8 GEMM 1 stores fp32 for the re-quantization; everything else stores the model dtype.
   std::string out_type = (quant && gemm1) ? "float" : device_type(c.dtype);
+  const bool gated = gemm1 && c.gated;
+  if (tensor_core) {
+    const int threads = 32 * tile.warps_m * tile.warps_n;
+    const int weight_rows = (gated ? 2 : 1) * tile.bn;
+    const int shared = tile.stages * (tile.bm + weight_rows) * tile.bk * 2 + tile.bm * 8;
+    k.device_function = "moejit::grouped_gemm_mma";
+    k.header = "moejit/mma_gemm.cuh";
+    k.spec = {
+        {"using", "A", a_type},
+        {"using", "W", a_type},
+        {"using", "Out", out_type},
+        {"int", "kBM", std::to_string(tile.bm)},
+        {"int", "kBN", std::to_string(tile.bn)},
+        {"int", "kBK", std::to_string(tile.bk)},
+        {"int", "kStages", std::to_string(tile.stages)},
+        {"int", "kWarpsM", std::to_string(tile.warps_m)},
+        {"int", "kWarpsN", std::to_string(tile.warps_n)},
+        {"int", "kGroupRows", std::to_string(kGemmGroupRows)},
+        {"int", "kSharedBytes", std::to_string(shared)},
+        {"long long", "kN", std::to_string(n)},
+        {"long long", "kK", std::to_string(k_len)},
+        {"bool", "kGemm1", boolean(gemm1)},
+        {"bool", "kGated", boolean(gated)},
+        {"int", "kAct", act_kind(c.activation)},
+        {"bool", "kGather", boolean(gemm1)},
+        {"int", "kTopk", std::to_string(c.topk)},
+    };
+    k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared};
+    return k;
+  }
+  k.device_function = "moejit::grouped_gemm";
+  k.header = "moejit/grouped_gemm.cuh";
   k.spec = {
       {"using", "A", a_type},
       {"using", "W", quant ? "signed char" : device_type(c.dtype)},
@@ -185,7 +220,7 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
       {"long long", "kN", std::to_string(n)},
       {"long long", "kK", std::to_string(k_len)},
       {"bool", "kGemm1", boolean(gemm1)},
-      {"bool", "kGated", boolean(gemm1 && c.gated)},
+      {"bool", "kGated", boolean(gated)},
       {"int", "kAct", act_kind(c.activation)},
       {"bool", "kGather", boolean(gemm1 && !quant)},
       {"int", "kTopk", std::to_string(c.topk)},
@@ -230,7 +265,40 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
   return bm;
 }
 
+
+// The tensor-core GEMMs need 16-bit operands, the nk layout (k contiguous, as mma's B operand
+// wants) and rows that split into 16-byte chunks.
+bool tensor_core_eligible(const MoeConfig& c) {
+  return (c.dtype == DType::BF16 || c.dtype == DType::FP16) && c.quant == Quant::None &&
+         c.weight_layout == WeightLayout::NK && c.hidden % 8 == 0 && c.local_intermediate() % 8 == 0;
+}
+
+// Tensor-core tile for row tile height bm. Decode-sized tiles (bm 16, 32) keep few weight rows per
+// block so that even a handful of active experts spread over every SM, and pipeline deeper
+// (6 or 5 stages) so that each SM keeps enough weight bytes in flight to stream at HBM speed.
+// Prefill-sized tiles (bm 64, 128) take 128 weight rows for operand reuse. Every shape gives
+// each warp an even number of 8-column fragments and at most 64 fp32 accumulators.
+TileShape tensor_core_tile(const MoeConfig& c, int bm, bool gemm1) {
+  TileShape t;
+  t.kernel = GemmKernel::TensorCore;
+  t.bm = bm;
+  t.bk = 64;
+  int weight_rows = 0;
+  switch (bm) {
+    case 16: t.warps_m = 1, t.warps_n = 4, t.stages = 6, weight_rows = 64; break;
+    case 32: t.warps_m = 2, t.warps_n = 2, t.stages = 5, weight_rows = 64; break;
+    case 64: t.warps_m = 2, t.warps_n = 2, t.stages = 4, weight_rows = 128; break;
+    default: t.warps_m = 2, t.warps_n = 4, t.stages = 4, weight_rows = 128; break;
+  }
+  t.bn = (gemm1 && c.gated) ? weight_rows / 2 : weight_rows;
+  return t;
+}
+
 }  // namespace
+
+std::string_view to_string(GemmKernel kernel) {
+  return kernel == GemmKernel::TensorCore ? "tensor-core" : "simt";
+}
 
 std::string_view to_string(Stage stage) {
   switch (stage) {
@@ -264,6 +332,7 @@ std::string_view to_string(GridRule rule) {
     case GridRule::SingleBlock: return "1 block";
     case GridRule::SortedRows: return "T*K blocks (one per sorted row)";
     case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";
+    case GridRule::RowTileGroups: return "max_row_tiles(T) * ceil(N / per_block) blocks, grouped";
     case GridRule::Tokens: return "T blocks";
   }
   return "?";
@@ -284,9 +353,14 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
     b.name = r.name;
     b.min_tokens = r.min;
     b.max_tokens = r.max;
-    // Gated GEMM 1 keeps two accumulator sets, so it takes the narrower column tile.
-    b.gemm1 = {bm, 64, bm <= 32 ? 32 : 16};
-    b.gemm2 = {bm, bm >= 64 ? 128 : 64, bm <= 32 ? 32 : 16};
+    if (tensor_core_eligible(c)) {
+      b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true);
+      b.gemm2 = tensor_core_tile(c, bm, /*gemm1=*/false);
+    } else {
+      // Gated GEMM 1 keeps two accumulator sets, so it takes the narrower column tile.
+      b.gemm1 = {GemmKernel::Simt, bm, 64, bm <= 32 ? 32 : 16};
+      b.gemm2 = {GemmKernel::Simt, bm, bm >= 64 ? 128 : 64, bm <= 32 ? 32 : 16};
+    }
     buckets.push_back(b);
   }
   return buckets;
@@ -294,7 +368,8 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
 
 int64_t max_row_tiles(const MoeConfig& c, int64_t tokens, int bm) {
   const int64_t pairs = tokens * c.topk;
-  return (pairs + bm - 1) / bm + c.local_experts();
+  // Every tile holds at least one row, so there are never more tiles than pairs.
+  return std::min(pairs, (pairs + bm - 1) / bm + c.local_experts());
 }
 
 Plan make_plan(const MoeConfig& config, const std::string& arch) {
@@ -415,6 +490,15 @@ WorkspaceLayout plan_workspace(const MoeConfig& c, int64_t max_tokens) {
   return layout;
 }
 
+std::string describe(const TileShape& t) {
+  std::string out = fmt::format("{}x{}x{}", t.bm, t.bn, t.bk);
+  if (t.kernel == GemmKernel::TensorCore)
+    out += fmt::format(" (tensor-core, {} stages, {}x{} warps)", t.stages, t.warps_m, t.warps_n);
+  else
+    out += " (simt)";
+  return out;
+}
+
 std::string describe(const Plan& plan, int64_t max_tokens) {
   const MoeConfig& c = plan.config;
   std::string out = fmt::format("plan for arch {}: E={} K={} E_loc={} (first local expert {}) H={} I={} {}{}\n",
@@ -426,14 +510,15 @@ std::string describe(const Plan& plan, int64_t max_tokens) {
     std::string range = b.max_tokens == std::numeric_limits<int64_t>::max()
                             ? fmt::format("T >= {}", b.min_tokens)
                             : fmt::format("{} <= T <= {}", b.min_tokens, b.max_tokens);
-    out += fmt::format("  {:<8} {:<18} gemm1 tile {}x{}x{}  gemm2 tile {}x{}x{}\n", b.name, range, b.gemm1.bm,
-                       b.gemm1.bn, b.gemm1.bk, b.gemm2.bm, b.gemm2.bn, b.gemm2.bk);
+    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}\n", b.name, range, describe(b.gemm1),
+                       describe(b.gemm2));
   }
   out += "kernels:\n";
   for (const auto& k : plan.kernels)
-    out += fmt::format("  {:<8} {:<8} {}  [{} threads, {}{}]\n", to_string(k.stage), k.unit, k.entry,
+    out += fmt::format("  {:<8} {:<8} {}  [{} threads, {}{}{}]\n", to_string(k.stage), k.unit, k.entry,
                        k.launch.threads, to_string(k.launch.rule),
-                       k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "");
+                       k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "",
+                       k.launch.shared_bytes > 0 ? fmt::format(", {} bytes dynamic shared", k.launch.shared_bytes) : "");
   WorkspaceLayout ws = plan_workspace(c, max_tokens);
   out += fmt::format("workspace for max_tokens {}: {} bytes\n", max_tokens, ws.total_bytes);
   for (const auto& b : ws.buffers)

@@ -10,7 +10,7 @@ inline constexpr const char* kMoejitVersion = MOEJIT_VERSION;
 
 // Bump when codegen or the templates change what a given plan compiles to in a way the
 // source text does not show (the source and the header digest are in the key already).
-inline constexpr const char* kGeneratorVersion = "1";
+inline constexpr const char* kGeneratorVersion = "2";
 
 // Bump when the disk layout or meta.json changes.
 inline constexpr const char* kCacheSchemaVersion = "v1";

@@ -162,11 +162,19 @@ class LayerImpl final : public Layer {
     config.blockDimX = static_cast<unsigned>(k.launch.threads);
     config.blockDimY = 1;
     config.blockDimZ = 1;
-    config.sharedMemBytes = 0;
+    config.sharedMemBytes = static_cast<unsigned>(k.launch.shared_bytes);
     config.hStream = stream;
     void* params[] = {args};
     CUresult r = cuda_driver().launch_kernel_ex(&config, fn[kernel], params, nullptr);
     if (r != CUDA_SUCCESS) check_cuda(r, k.entry.c_str());
+  }
+
+  // The grid of a grouped GEMM with `columns` output columns, by its launch rule.
+  Grid gemm_grid(int kernel, int64_t row_tiles, int64_t columns) const {
+    const LaunchRule& rule = plan().kernels[kernel].launch;
+    const int64_t column_tiles = ceil_div(columns, rule.per_block);
+    if (rule.rule == GridRule::RowTileGroups) return {row_tiles * column_tiles, 1};
+    return {row_tiles, column_tiles};
   }
 
   void launch_routing(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const void* logits,
@@ -211,7 +219,8 @@ class LayerImpl final : public Layer {
     GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
                    in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
                    ints(o.num_tiles), ints(o.expert_offsets)};
-    launch(fn, roles_.gemm1[bucket], stream, {row_tiles, ceil_div(c.local_intermediate(), b.gemm1.bn)}, &gemm1);
+    launch(fn, roles_.gemm1[bucket], stream, gemm_grid(roles_.gemm1[bucket], row_tiles, c.local_intermediate()),
+           &gemm1);
 
     if (w8a8) {
       QuantizeArgs requant{buf(o.act_f32),         ints(o.sorted_pair), ids, ints(o.expert_offsets),
@@ -223,7 +232,7 @@ class LayerImpl final : public Layer {
     GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
                    nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
                    ints(o.expert_offsets)};
-    launch(fn, roles_.gemm2[bucket], stream, {row_tiles, ceil_div(c.hidden, b.gemm2.bn)}, &gemm2);
+    launch(fn, roles_.gemm2[bucket], stream, gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
 
     CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
     launch(fn, roles_.combine, stream, {tokens, 1}, &combine);
@@ -322,6 +331,12 @@ class LayerImpl final : public Layer {
           for (size_t i = 0; i < plan().kernels.size(); ++i) {
             if (plan().kernels[i].entry != entry) continue;
             check_cuda(d.module_get_function(&loaded.functions[i], module, entry.c_str()), entry.c_str());
+            // Above 48 KiB, dynamic shared memory must be opted into per function.
+            const int shared = plan().kernels[i].launch.shared_bytes;
+            if (shared > 48 * 1024)
+              check_cuda(d.func_set_attribute(loaded.functions[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                              shared),
+                         entry.c_str());
           }
         }
       }
