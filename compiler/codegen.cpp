@@ -49,9 +49,11 @@ std::string spec_struct(const KernelPlan& k) {
   return out;
 }
 
+// NOTES: minBlocksPerSM 1 is spelled out: without it NVRTC's ptxas capped the fused route+index
+// kernel at 40-48 registers and spilled, although its launch bound allowed far more.
 std::string entry_point(const KernelPlan& k) {
   return fmt::format(
-      "extern \"C\" __global__ void __launch_bounds__({}) {}(const {} args) {{\n"
+      "extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const {} args) {{\n"
       "  {}<moejit_generated::{}>(args);\n}}\n",
       k.launch.threads, k.entry, k.args_type, k.device_function, k.spec_name);
 }

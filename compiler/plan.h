@@ -25,7 +25,8 @@ enum class GridRule {
   SortedRows,         // T*K blocks, one per expert-sorted row; rows past the local count exit
   RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (SIMT grouped GEMMs)
   RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
-  Tokens,             // T blocks (combine)
+  Tokens,             // T blocks
+  TokensByColumns,    // (T, ceil(H / per_block)) blocks (combine)
 };
 std::string_view to_string(GridRule rule);
 
@@ -102,6 +103,10 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& config);
 int64_t max_row_tiles(const MoeConfig& config, int64_t tokens, int bm);
 
 constexpr int kPairsPerIndexBlock = 1024;
+
+// Up to this many tokens forward() routes and indexes in one single-block launch
+// (route_index.cuh); experts() indexes in one launch whenever T*K <= kPairsPerIndexBlock.
+constexpr int64_t kFusedRouteIndexMaxTokens = 32;
 
 // The workspace of one layer call, a pure function of (config, max_tokens) (DESIGN.md decision 6).
 struct WorkspaceBuffer {

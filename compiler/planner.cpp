@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kRouteWarps = 4;
 constexpr int kQuantizeThreads = 256;
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = 128;
 constexpr int kGemmThreads = 256;
 // Row tiles per rasterization group of the tensor-core GEMMs (mma_gemm.cuh): 8 tiles of 128 rows
 // of one expert share each weight tile while resident together.
@@ -231,7 +231,31 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   return k;
 }
 
+// Routing and index in one block (route_index.cuh), for small batches: the routing Spec and the
+// index Spec in one struct, and as many routing warps as 32 KiB of score rows allow, up to 8
+// (NOTES: with 16 warps NVRTC's ptxas spilled this kernel for E = 128; with 8 it does not).
+KernelPlan route_index_kernel(const MoeConfig& c) {
+  KernelPlan k = routing_kernel(c);
+  k.stage = Stage::Index;
+  k.entry = "moejit_route_index_" + k.entry.substr(std::string("moejit_route_").size()) +
+            fmt::format("_eloc{}", c.local_experts());
+  k.unit = "index";
+  k.device_function = "moejit::route_and_index";
+  k.args_type = "moejit::RouteIndexArgs";
+  k.header = "moejit/route_index.cuh";
+  const int warps = static_cast<int>(std::clamp<int64_t>(4096 / c.experts, 4, 8));
+  for (auto& item : k.spec)
+    if (item.name == "kWarps") item.value = std::to_string(warps);
+  k.spec.push_back({"int", "kLocalExperts", std::to_string(c.local_experts())});
+  k.spec.push_back({"int", "kPairsPerBlock", std::to_string(kPairsPerIndexBlock)});
+  k.launch = {GridRule::SingleBlock, warps * 32, 1};
+  return k;
+}
+
 KernelPlan combine_kernel(const MoeConfig& c) {
+  // 16-byte accesses when the hidden size splits into them.
+  const int vec_full = 16 / static_cast<int>(dtype_bytes(c.dtype));
+  const int vec = c.hidden % vec_full == 0 ? vec_full : 1;
   KernelPlan k;
   k.stage = Stage::Combine;
   k.entry = fmt::format("moejit_combine_h{}_k{}_{}", c.hidden, c.topk, to_string(c.dtype));
@@ -245,8 +269,9 @@ KernelPlan combine_kernel(const MoeConfig& c) {
       {"int", "kHidden", std::to_string(c.hidden)},
       {"int", "kTopk", std::to_string(c.topk)},
       {"int", "kThreads", std::to_string(kCombineThreads)},
+      {"int", "kVec", std::to_string(vec)},
   };
-  k.launch = {GridRule::Tokens, kCombineThreads, 1};
+  k.launch = {GridRule::TokensByColumns, kCombineThreads, int64_t{kCombineThreads} * vec};
   return k;
 }
 
@@ -334,6 +359,7 @@ std::string_view to_string(GridRule rule) {
     case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";
     case GridRule::RowTileGroups: return "max_row_tiles(T) * ceil(N / per_block) blocks, grouped";
     case GridRule::Tokens: return "T blocks";
+    case GridRule::TokensByColumns: return "(T, ceil(H / per_block)) blocks";
   }
   return "?";
 }
@@ -380,6 +406,7 @@ Plan make_plan(const MoeConfig& config, const std::string& arch) {
   plan.buckets = plan_buckets(config);
   plan.kernels.push_back(routing_kernel(config));
   for (auto& k : index_kernels(config)) plan.kernels.push_back(std::move(k));
+  plan.kernels.push_back(route_index_kernel(config));
   const bool quant = config.quant == Quant::W8A8Int8;
   std::vector<KernelPlan> quantize;
   if (quant) quantize = quantize_kernels(config);

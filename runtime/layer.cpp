@@ -23,7 +23,7 @@ constexpr int kMaxBuckets = 8;
 
 // Which plan kernel plays which part; indices into Plan::kernels, -1 when absent.
 struct Roles {
-  int routing = -1, index_count = -1, index_scan = -1, index_scatter = -1;
+  int routing = -1, index_count = -1, index_scan = -1, index_scatter = -1, route_index = -1;
   int quantize_expand = -1, quantize_act = -1, combine = -1;
   std::array<int, kMaxBuckets> gemm1{}, gemm2{};
 };
@@ -42,6 +42,7 @@ Roles find_roles(const Plan& plan) {
     if (k.device_function == "moejit::index_count") r.index_count = n;
     if (k.device_function == "moejit::index_scan") r.index_scan = n;
     if (k.device_function == "moejit::index_scatter") r.index_scatter = n;
+    if (k.device_function == "moejit::route_and_index") r.route_index = n;
     if (k.device_function == "moejit::quantize_rows") (k.stage == Stage::Expand ? r.quantize_expand : r.quantize_act) = n;
     if (k.stage == Stage::Combine) r.combine = n;
   }
@@ -106,8 +107,9 @@ class LayerImpl final : public Layer {
 
   int launches(int64_t tokens) const override {
     if (tokens <= 0) return 0;
-    // routing, 3 index kernels, 2 GEMMs, combine; w8a8 adds the two quantizations.
-    return 7 + (config().quant == Quant::W8A8Int8 ? 2 : 0);
+    // routing + index (1 launch when fused, else 4), 2 GEMMs, combine; w8a8 adds the two
+    // quantizations.
+    return (fused_route_index(tokens) ? 1 : 4) + 3 + (config().quant == Quant::W8A8Int8 ? 2 : 0);
   }
 
   void forward(void* stream_handle, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
@@ -120,7 +122,13 @@ class LayerImpl final : public Layer {
     char* ws = static_cast<char*>(workspace);
     float* weights = reinterpret_cast<float*>(ws + o.topk_weights);
     int* ids = reinterpret_cast<int*>(ws + o.topk_ids);
-    launch_routing(fn, stream, tokens, in.router_logits, in.e_score_correction_bias, weights, ids);
+    RouteArgs routing{in.router_logits, in.e_score_correction_bias, weights, ids, tokens};
+    if (fused_route_index(tokens)) {
+      launch_route_index(fn, stream, tokens, &routing, ids, ws, o);
+    } else {
+      launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &routing);
+      launch_index(fn, stream, tokens, ids, ws, o);
+    }
     launch_experts(fn, stream, tokens, ids, weights, in, output, ws, o);
   }
 
@@ -141,8 +149,14 @@ class LayerImpl final : public Layer {
     const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
     CUstream stream = static_cast<CUstream>(stream_handle);
-    launch_experts(functions_for(stream), stream, tokens, topk_ids, topk_weights, in, output,
-                   static_cast<char*>(workspace), o);
+    const std::vector<CUfunction>& fn = functions_for(stream);
+    char* ws = static_cast<char*>(workspace);
+    if (tokens * config().topk <= kPairsPerIndexBlock) {
+      launch_route_index(fn, stream, tokens, nullptr, topk_ids, ws, o);
+    } else {
+      launch_index(fn, stream, tokens, topk_ids, ws, o);
+    }
+    launch_experts(fn, stream, tokens, topk_ids, topk_weights, in, output, ws, o);
   }
 
  private:
@@ -183,6 +197,45 @@ class LayerImpl final : public Layer {
     launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &route);
   }
 
+  // Small batches route and index in one single-block launch (route_index.cuh).
+  bool fused_route_index(int64_t tokens) const {
+    return tokens <= kFusedRouteIndexMaxTokens && tokens * config().topk <= kPairsPerIndexBlock;
+  }
+
+  IndexArgs index_args(int64_t tokens, const int* ids, char* ws, const WorkspaceOffsets& o) const {
+    const MoeConfig& c = config();
+    auto ints = [&](int64_t offset) { return offset < 0 ? nullptr : reinterpret_cast<int*>(ws + offset); };
+    return IndexArgs{ids,
+                     tokens * c.topk,
+                     c.first_local_expert(),
+                     plan().bucket_for(tokens).gemm1.bm,
+                     ints(o.block_counts),
+                     ints(o.expert_counts),
+                     ints(o.expert_offsets),
+                     ints(o.sorted_pair),
+                     ints(o.pair_pos),
+                     ints(o.tile_expert),
+                     ints(o.tile_row),
+                     ints(o.num_tiles)};
+  }
+
+  // routing == null: the routing is given in ids (experts()), index only.
+  void launch_route_index(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const RouteArgs* routing,
+                          const int* ids, char* ws, const WorkspaceOffsets& o) const {
+    RouteIndexArgs args{routing ? *routing : RouteArgs{}, index_args(tokens, ids, ws, o), routing ? 1 : 0};
+    launch(fn, roles_.route_index, stream, {1, 1}, &args);
+  }
+
+  void launch_index(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const int* ids, char* ws,
+                    const WorkspaceOffsets& o) const {
+    IndexArgs index = index_args(tokens, ids, ws, o);
+    const int64_t index_blocks = ceil_div(index.pairs, kPairsPerIndexBlock);
+    launch(fn, roles_.index_count, stream, {index_blocks, 1}, &index);
+    launch(fn, roles_.index_scan, stream, {1, 1}, &index);
+    launch(fn, roles_.index_scatter, stream, {index_blocks, 1}, &index);
+  }
+
+  // Stages 3-6, after the index.
   void launch_experts(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const int* ids,
                       const float* weights, const LayerInputs& in, void* output, char* ws,
                       const WorkspaceOffsets& o) const {
@@ -196,18 +249,7 @@ class LayerImpl final : public Layer {
     const TokenBucket& b = p.bucket_for(tokens);
     const size_t bucket = static_cast<size_t>(&b - p.buckets.data());
     const int64_t pairs = tokens * c.topk;
-    const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
     const int64_t row_tiles = max_row_tiles(c, tokens, b.gemm1.bm);
-
-    IndexArgs index{ids,                   pairs,
-                    c.first_local_expert(), b.gemm1.bm,
-                    ints(o.block_counts),  ints(o.expert_counts),
-                    ints(o.expert_offsets), ints(o.sorted_pair),
-                    ints(o.pair_pos),      ints(o.tile_expert),
-                    ints(o.tile_row),      ints(o.num_tiles)};
-    launch(fn, roles_.index_count, stream, {index_blocks, 1}, &index);
-    launch(fn, roles_.index_scan, stream, {1, 1}, &index);
-    launch(fn, roles_.index_scatter, stream, {index_blocks, 1}, &index);
 
     if (w8a8) {
       QuantizeArgs expand{in.hidden,         ints(o.sorted_pair),    ids,
@@ -235,7 +277,8 @@ class LayerImpl final : public Layer {
     launch(fn, roles_.gemm2[bucket], stream, gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
 
     CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
-    launch(fn, roles_.combine, stream, {tokens, 1}, &combine);
+    launch(fn, roles_.combine, stream, {tokens, ceil_div(c.hidden, p.kernels[roles_.combine].launch.per_block)},
+           &combine);
   }
 
   static void check_pointer(const void* p, const char* name, size_t alignment) {

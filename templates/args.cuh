@@ -31,6 +31,13 @@ struct IndexArgs {
   int* num_tiles;            // [1]
 };
 
+// Stages 1 and 2 in one single-block launch (route_index.cuh): T*K <= kPairsPerBlock.
+struct RouteIndexArgs {
+  RouteArgs routing;
+  IndexArgs index;           // index.topk_ids == routing.topk_ids
+  int route;                 // 0: the routing is given, index only
+};
+
 // Stage 3 (w8a8) and the re-quantization after GEMM 1: per-row smoothed int8 quantization.
 struct QuantizeArgs {
   const void* src;           // expand: hidden [T, H] (model dtype); requant: act [M, I] fp32

@@ -2,16 +2,29 @@
 // slots in order j = 0..K-1 and no atomics, so the result is bitwise reproducible; rounded once
 // to the output dtype. A pair whose expert is not local (pair_pos -1) contributes 0.
 //
-// Spec: using Y, Out; kHidden, kTopk, kThreads.
+// Grid: (T, ceil(H / (kThreads * kVec))): a token's row is split over blocks so that even T = 1
+// spreads over several SMs; each thread handles kVec consecutive columns with 16-byte loads
+// when kVec * sizeof(element) == 16 (H a multiple of kVec).
+//
+// Spec: using Y, Out; kHidden, kTopk, kThreads, kVec (1, or 16 / sizeof(Y) when H allows).
 #pragma once
 
 #include "moejit/common.cuh"
 
 namespace moejit {
 
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
 template <typename Spec>
 __device__ void combine_tokens(const CombineArgs& args) {
-  constexpr int K = Spec::kTopk;
+  constexpr int K = Spec::kTopk, VEC = Spec::kVec;
+  constexpr long long H = Spec::kHidden;
+  static_assert(H % VEC == 0, "vector width must divide the hidden size");
+  using Y = typename Spec::Y;
+  using Out = typename Spec::Out;
   const long long t = blockIdx.x;
   if (t >= args.tokens) return;
 
@@ -24,17 +37,28 @@ __device__ void combine_tokens(const CombineArgs& args) {
   }
   __syncthreads();
 
-  const auto* y = static_cast<const typename Spec::Y*>(args.y);
-  const auto* residual = static_cast<const typename Spec::Out*>(args.residual);
-  auto* out = static_cast<typename Spec::Out*>(args.out) + t * Spec::kHidden;
-  for (long long h = threadIdx.x; h < Spec::kHidden; h += Spec::kThreads) {
-    float acc = 0.0f;
+  const long long h = (static_cast<long long>(blockIdx.y) * Spec::kThreads + threadIdx.x) * VEC;
+  if (h >= H) return;
+  const auto* y = static_cast<const Y*>(args.y);
+  float acc[VEC];
 #pragma unroll
-    for (int j = 0; j < K; ++j)
-      if (row[j] >= 0) acc += weight[j] * to_float(y[row[j] * Spec::kHidden + h]);
-    if (residual) acc += to_float(residual[t * Spec::kHidden + h]);
-    out[h] = from_float<typename Spec::Out>(acc);
+  for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    if (row[j] < 0) continue;
+    const Vec<Y, VEC> in = *reinterpret_cast<const Vec<Y, VEC>*>(y + row[j] * H + h);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] += weight[j] * to_float(in.v[i]);
   }
+  if (args.residual) {
+    const Vec<Out, VEC> r = *reinterpret_cast<const Vec<Out, VEC>*>(static_cast<const Out*>(args.residual) + t * H + h);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] += to_float(r.v[i]);
+  }
+  Vec<Out, VEC> result;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) result.v[i] = from_float<Out>(acc[i]);
+  *reinterpret_cast<Vec<Out, VEC>*>(static_cast<Out*>(args.out) + t * H + h) = result;
 }
 
 }  // namespace moejit

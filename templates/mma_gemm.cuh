@@ -96,7 +96,7 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   constexpr int NF = WARP_COLS / 8;        // 8-column fragments per warp and half
   constexpr int FRAGS = HALVES * NF;       // gate fragments first, then the up ones
   constexpr int A_STAGE = BM * BK, W_STAGE = TILE_W_ROWS * BK;  // elements
-  constexpr long long K_TILES = (K + BK - 1) / BK;
+  constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
   constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
   static_assert(BK == 64, "the swizzle assumes 64-element (128-byte) rows");
   static_assert(K % 8 == 0, "rows are copied in 16-byte chunks");
@@ -138,25 +138,44 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   const T* a = static_cast<const T*>(args.a);
   const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * EXPERT_W_ROWS * K;
 
+  // Each thread copies the same 16-byte chunk column of fixed tile rows in every stage, so its
+  // source rows are resolved once here; a stage only adds k0. Null marks a row past the tile's
+  // rows (A) or a column past N (W): those chunks are zero-filled.
+  constexpr int A_COPIES = BM * 8 / THREADS, W_COPIES = TILE_W_ROWS * 8 / THREADS, ROW_STEP = THREADS / 8;
+  static_assert(BM * 8 % THREADS == 0 && TILE_W_ROWS * 8 % THREADS == 0, "copies split evenly over threads");
+  const int chunk = threadIdx.x & 7, first_row = threadIdx.x >> 3;
+  const T* a_src[A_COPIES];
+  const T* w_src[W_COPIES];
+#pragma unroll
+  for (int i = 0; i < A_COPIES; ++i) {
+    const long long src = a_row[first_row + i * ROW_STEP];
+    a_src[i] = src >= 0 ? a + src * K + chunk * 8 : nullptr;
+  }
+#pragma unroll
+  for (int i = 0; i < W_COPIES; ++i) {
+    const int r = first_row + i * ROW_STEP;
+    const int half = r / BN;
+    const long long col = n0 + (r - half * BN);
+    w_src[i] = col < N ? w + (half * N + col) * K + chunk * 8 : nullptr;
+  }
+
   // One pipeline stage: the A rows and the weight rows of k-tile kt, zero-filled past the edges.
-  auto load_stage = [&](int slot, long long kt) {
-    const long long k0 = kt * BK;
+  auto load_stage = [&](int slot, int kt) {
+    const long long k0 = static_cast<long long>(kt) * BK;
+    const bool k_valid = k0 + chunk * 8 < K;
     T* as = a_smem + slot * A_STAGE;
     T* ws = w_smem + slot * W_STAGE;
 #pragma unroll
-    for (int c = threadIdx.x; c < BM * 8; c += THREADS) {
-      const int r = c >> 3, chunk = c & 7;
-      const long long src = a_row[r], k = k0 + chunk * 8;
-      const bool valid = src >= 0 && k < K;
-      copy_16_async(shared_address(as + swizzled(r, chunk)), valid ? a + src * K + k : a, valid);
+    for (int i = 0; i < A_COPIES; ++i) {
+      const bool valid = k_valid && a_src[i] != nullptr;
+      copy_16_async(shared_address(as + swizzled(first_row + i * ROW_STEP, chunk)), valid ? a_src[i] + k0 : a,
+                    valid);
     }
 #pragma unroll
-    for (int c = threadIdx.x; c < TILE_W_ROWS * 8; c += THREADS) {
-      const int r = c >> 3, chunk = c & 7;
-      const int half = r / BN;
-      const long long col = n0 + (r - half * BN), k = k0 + chunk * 8;
-      const bool valid = col < N && k < K;
-      copy_16_async(shared_address(ws + swizzled(r, chunk)), valid ? w + (half * N + col) * K + k : w, valid);
+    for (int i = 0; i < W_COPIES; ++i) {
+      const bool valid = k_valid && w_src[i] != nullptr;
+      copy_16_async(shared_address(ws + swizzled(first_row + i * ROW_STEP, chunk)), valid ? w_src[i] + k0 : w,
+                    valid);
     }
   };
 
@@ -177,21 +196,23 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
     commit_async();  // an empty group keeps the wait counts uniform
   }
 
-  // The smem row of lane's ldmatrix address for fragment pair p (fragments 2p and 2p + 1).
+  // First smem row of 8-column fragment `frag` of this warp (gate fragments, then up ones).
   auto w_frag_row = [&](int frag) {
     const int half = frag / NF, j = frag % NF;
     return half * BN + warp_n * WARP_COLS + j * 8;
   };
 
-  for (long long kt = 0; kt < K_TILES; ++kt) {
+  int read_slot = 0, write_slot = STAGES - 1;  // kt % STAGES and (kt + STAGES - 1) % STAGES
+  for (int kt = 0; kt < K_TILES; ++kt) {
     wait_async<STAGES - 2>();
     __syncthreads();  // stage kt is visible, and every warp is done with the slot refilled next
-    const long long next = kt + STAGES - 1;
-    if (next < K_TILES) load_stage(static_cast<int>(next % STAGES), next);
+    if (kt + STAGES - 1 < K_TILES) load_stage(write_slot, kt + STAGES - 1);
     commit_async();
+    write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
 
-    const T* as = a_smem + (kt % STAGES) * A_STAGE;
-    const T* ws = w_smem + (kt % STAGES) * W_STAGE;
+    const T* as = a_smem + read_slot * A_STAGE;
+    const T* ws = w_smem + read_slot * W_STAGE;
+    read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       unsigned af[MF][4];

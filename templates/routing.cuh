@@ -58,24 +58,14 @@ __device__ __forceinline__ ScoredIndex warp_argmax(const float* scores, int n, i
   return best;
 }
 
+// Routes one token with one warp; the warp's scratch rows are p, q ([E] each) and group_score ([G]).
 template <typename Spec>
-__device__ void route_tokens(const RouteArgs& args) {
+__device__ __forceinline__ void route_token(const RouteArgs& args, long long token, float* p, float* q, float* group_score) {
   constexpr int E = Spec::kExperts;
   constexpr int K = Spec::kTopk;
   constexpr int G = Spec::kGroups;
   constexpr int GROUP_SIZE = E / G;
-
-  __shared__ float prob_smem[Spec::kWarps][E];   // p: the unbiased scores
-  __shared__ float score_smem[Spec::kWarps][E];  // q: the selection scores, then marks
-  __shared__ float group_smem[Spec::kWarps][G];
-
-  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const long long token = static_cast<long long>(blockIdx.x) * Spec::kWarps + warp;
-  if (token >= args.tokens) return;
-
-  float* p = prob_smem[warp];
-  float* q = score_smem[warp];
   const auto* logits = static_cast<const typename Spec::Logit*>(args.logits) + token * E;
 
   // Scores: softmax subtracts the row max, so a row of huge or all-equal logits stays finite.
@@ -105,7 +95,6 @@ __device__ void route_tokens(const RouteArgs& args) {
 
   // Groups: score each group, keep the kTopkGroup best, exclude every expert of the others.
   if constexpr (G > 1) {
-    float* group_score = group_smem[warp];
     for (int g = lane; g < G; g += 32) {
       const float* qs = q + g * GROUP_SIZE;
       float first = -kFloatMax, second = -kFloatMax;
@@ -157,6 +146,17 @@ __device__ void route_tokens(const RouteArgs& args) {
       args.topk_ids[token * K + j] = ids[j];
     }
   }
+}
+
+template <typename Spec>
+__device__ void route_tokens(const RouteArgs& args) {
+  __shared__ float prob_smem[Spec::kWarps][Spec::kExperts];   // p: the unbiased scores
+  __shared__ float score_smem[Spec::kWarps][Spec::kExperts];  // q: the selection scores, then marks
+  __shared__ float group_smem[Spec::kWarps][Spec::kGroups];
+  const int warp = threadIdx.x / 32;
+  const long long token = static_cast<long long>(blockIdx.x) * Spec::kWarps + warp;
+  if (token >= args.tokens) return;
+  route_token<Spec>(args, token, prob_smem[warp], score_smem[warp], group_smem[warp]);
 }
 
 }  // namespace moejit

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <typeinfo>
 
 #include <fmt/format.h>
@@ -284,7 +285,8 @@ struct Graph {
   }
 };
 
-class CudaGraph : public ::testing::TestWithParam<int> {};
+// (config, tokens): 40 tokens take the separate routing and index kernels, 8 the fused decode path.
+class CudaGraph : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
 
 MoeConfig graph_config(int which) {
   if (which == 0) return grouped_sigmoid(64, 6, 264, 136, DType::BF16);
@@ -294,8 +296,8 @@ MoeConfig graph_config(int which) {
 }
 
 TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
-  const MoeConfig c = graph_config(GetParam());
-  constexpr int64_t T = 40;
+  const MoeConfig c = graph_config(std::get<0>(GetParam()));
+  const int64_t T = std::get<1>(GetParam());
   Seeds seeds;
   auto layer = Layer::create(c);  // loads the modules: no warm-up forward, as layer.h promises
   Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
@@ -326,6 +328,8 @@ TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
     kernels += type == cudaGraphNodeTypeKernel;
   }
   EXPECT_EQ(kernels, layer->launches(T));
+  // Decode: routing + index, GEMM 1, GEMM 2, combine (w8a8 adds its two quantizations).
+  if (T <= 32) EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 4);
   CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
 
   for (int round = 0; round < 2; ++round) {
@@ -346,9 +350,12 @@ TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, CudaGraph, ::testing::Values(0, 1), [](const auto& info) {
-  return info.param == 0 ? std::string("grouped_sigmoid_bf16") : std::string("softmax_w8a8_fp16");
-});
+INSTANTIATE_TEST_SUITE_P(Configs, CudaGraph, ::testing::Combine(::testing::Values(0, 1), ::testing::Values(8, 40)),
+                         [](const auto& info) {
+                           return (std::get<0>(info.param) == 0 ? std::string("grouped_sigmoid_bf16")
+                                                                : std::string("softmax_w8a8_fp16")) +
+                                  "_T" + std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(CudaGraphCapture, CreateDuringCaptureIsRefused) {
   // layer.h: Layer::create throws Error ("warm up before graph capture") while a stream of this

@@ -1,0 +1,42 @@
+// Stages 1 and 2 in one launch for small batches (the decode bucket): one block routes every
+// token (a warp per token, kWarps warps), then its first warp runs the index steps of index.cuh
+// (count, scan, scatter) over all T*K <= kPairsPerBlock pairs as the single index block. Three of
+// a decode layer's seven launches disappear, and with them the gaps between dependent kernels.
+// The result is bitwise the one of the separate kernels (same routing code, same stable order).
+//
+// With args.route == 0 the routing is given (topk_ids / topk_weights already hold it: the
+// experts() entry point) and only the index steps run.
+//
+// Spec: every constant of routing.cuh's Spec and of index.cuh's Spec (one flat struct).
+#pragma once
+
+#include "moejit/index.cuh"
+#include "moejit/routing.cuh"
+
+namespace moejit {
+
+template <typename Spec>
+__device__ void route_and_index(const RouteIndexArgs& args) {
+  __shared__ float prob_smem[Spec::kWarps][Spec::kExperts];
+  __shared__ float score_smem[Spec::kWarps][Spec::kExperts];
+  __shared__ float group_smem[Spec::kWarps][Spec::kGroups];
+  const int warp = threadIdx.x / 32;
+  if (args.route) {
+    const int tokens = static_cast<int>(args.routing.tokens);  // <= kFusedRouteIndexMaxTokens
+    for (int token = warp; token < tokens; token += Spec::kWarps) {
+      __syncwarp();  // the previous token's reads of this warp's scratch rows are done
+      route_token<Spec>(args.routing, token, prob_smem[warp], score_smem[warp], group_smem[warp]);
+    }
+    __syncthreads();  // every token's ids are written (and visible to the block) before indexing
+  }
+  if (warp != 0) return;
+  // index_count / index_scan / index_scatter as block 0 of a one-block grid; each step reads
+  // what the previous one wrote to global memory, in this same warp.
+  index_count<Spec>(args.index);
+  __syncwarp();
+  index_scan<Spec>(args.index);
+  __syncwarp();
+  index_scatter<Spec>(args.index);
+}
+
+}  // namespace moejit
