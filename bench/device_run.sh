@@ -5,6 +5,7 @@
 #   GPU_TESTS=0    skip the GPU tier; GTEST_FILTER narrows it (passed through)
 #   BENCH_ARGS     arguments of bench/moe_bench.py (default: the quick run of two presets)
 #   BENCH=0        skip the benchmark
+#   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-/tmp/moejit-build}"
@@ -31,6 +32,10 @@ if [ "${BENCH:-1}" != "0" ]; then
   # shellcheck disable=SC2086
   PYTHONPATH=python python3 bench/moe_bench.py ${BENCH_ARGS:---quick --presets qwen3-30b-a3b mixtral-8x7b --no-hf --breakdown qwen3-30b-a3b:16} \
     --out "$out/bench.md" 2>&1 | tail -60 || status=1
+fi
+if [ "${SWEEP:-0}" = "1" ]; then
+  stamp "tile sweep"
+  bash bench/tile_sweep.sh || status=1
 fi
 stamp "done"
 exit "$status"

@@ -61,7 +61,7 @@ void dump_source(const ConfigOptions& inputs, const std::string& arch_flag, cons
                  bool with_plan, bool with_ptx, int64_t max_tokens) {
   MoeConfig config = inputs.resolve();
   std::string arch = resolve_arch(arch_flag);
-  Plan plan = make_plan(config, arch);
+  Plan plan = plan_layer(config, arch);
   std::optional<Stage> stage;
   if (!stage_name.empty()) stage = parse_stage(stage_name);
   if (with_plan) fmt::print("{}\n", describe(plan, max_tokens));
@@ -85,7 +85,7 @@ void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool wit
   MoeConfig config = inputs.resolve();
   std::string arch = resolve_arch(arch_flag);
   KernelCache& cache = global_cache();
-  if (with_plan) fmt::print("{}\n", describe(make_plan(config, arch), max_tokens));
+  if (with_plan) fmt::print("{}\n", describe(plan_layer(config, arch), max_tokens));
   CompiledLayer layer = compile_layer(config, arch, cache, [](const UnitResult& r, size_t done, size_t total) {
     fmt::print("[{}/{}] {:<8} {:<6} {:7.3f} s  {} kernel(s)  key {}\n", done, total, r.unit, to_string(r.outcome),
                r.seconds, r.binary->kernel_names.size(), r.key.substr(0, 16));

@@ -69,6 +69,7 @@ Knobs Knobs::from_environment() {
   k.repro_dir = env("MOEJIT_REPRO_DIR");
   if (k.repro_dir.empty()) k.repro_dir = env("TMPDIR");
   if (k.repro_dir.empty()) k.repro_dir = "/tmp";
+  k.tiles = env("MOEJIT_TILES");
   k.backend = env("MOEJIT_BACKEND");
   if (k.backend.empty()) k.backend = "auto";
   if (k.backend != "auto" && k.backend != "jit" && k.backend != "ixformer")
@@ -92,6 +93,7 @@ std::vector<std::vector<std::string>> Knobs::table() const {
       {"MOEJIT_NVRTC_PCH", nvrtc_pch ? "1" : "0", "NVRTC precompiled headers (in-process)"},
       {"MOEJIT_LINEINFO", lineinfo ? "1" : "0", "compile with -lineinfo (changes the binary; in the cache key)"},
       {"MOEJIT_REPRO_DIR", repro_dir, "where a failed compile is saved for reproduction"},
+      {"MOEJIT_TILES", tiles, "GEMM tile overrides, e.g. prefill.gemm1=tc:128x128x64:s3:w2x4 (see `moejit dump-source --plan`)"},
       {"MOEJIT_BACKEND", backend, "auto | jit | ixformer (auto: ixformer on Iluvatar devices, else the JIT)"},
   };
 }

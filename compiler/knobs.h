@@ -21,6 +21,7 @@ struct Knobs {
   bool lineinfo = false;          // MOEJIT_LINEINFO=1 compiles with -lineinfo (code-affecting)
   std::string repro_dir;          // MOEJIT_REPRO_DIR: where failed compiles are saved (default $TMPDIR or /tmp)
   std::string backend = "auto";   // MOEJIT_BACKEND: auto | jit | ixformer (runtime/backend_select.h)
+  std::string tiles;              // MOEJIT_TILES: GEMM tiles instead of the planner's (plan.h TileOverride)
 
   // Reads the environment. Throws InvalidInput naming the variable when a value does not parse.
   static Knobs from_environment();

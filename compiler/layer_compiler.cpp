@@ -41,12 +41,16 @@ CacheKeyBuilder unit_cache_key(const GeneratedUnit& unit, const CompileOptions& 
   return key;
 }
 
+Plan plan_layer(const MoeConfig& config, const std::string& arch) {
+  return make_plan(config, arch, parse_tile_overrides(knobs().tiles));
+}
+
 CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, KernelCache& cache,
                             const UnitProgress& progress) {
   check_arch(arch);
   const auto start = std::chrono::steady_clock::now();
   CompiledLayer layer;
-  layer.plan = make_plan(config, arch);
+  layer.plan = plan_layer(config, arch);
   layer.source = generate(layer.plan);
   const CompileOptions options = compile_options_for(arch);
 

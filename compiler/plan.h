@@ -92,8 +92,23 @@ struct Plan {
   std::vector<std::string> unit_names() const;  // in first-use order
 };
 
-// Validates the config (InvalidInput) and plans every kernel. Deterministic.
-Plan make_plan(const MoeConfig& config, const std::string& arch);
+// A tile the caller chooses instead of the planner's, for one GEMM of one bucket. Written
+// "<bucket>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<warps_m>x<warps_n>" or
+// "<bucket>.<gemm1|gemm2>=simt:<BM>x<BN>x<BK>"; BN counts output columns.
+struct TileOverride {
+  std::string bucket;
+  bool gemm1 = true;
+  TileShape tile;
+};
+
+// Parses a comma-separated list of overrides (MOEJIT_TILES); throws InvalidInput naming `source`
+// and the allowed form.
+std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::string_view source = "MOEJIT_TILES");
+
+// Validates the config (InvalidInput) and plans every kernel. Deterministic. Overrides replace the
+// planner's tiles; an override that names no bucket, does not fit the config, or gives the two
+// GEMMs of a bucket different row tiles is refused (InvalidInput).
+Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& overrides = {});
 
 // The buckets and tiles for a config: a closed-form choice, no tuning table.
 std::vector<TokenBucket> plan_buckets(const MoeConfig& config);

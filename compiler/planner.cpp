@@ -2,6 +2,7 @@
 // tiles per token bucket and launch rules. Everything here is a closed-form function of the
 // config, so the same config always gives the same plan and the same generated source.
 #include <algorithm>
+#include <charconv>
 #include <limits>
 
 #include <fmt/format.h>
@@ -277,6 +278,9 @@ KernelPlan combine_kernel(const MoeConfig& c) {
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+// The shortest GEMM row tile (BM) of any plan.
+constexpr int kMinRowTile = 16;
+
 // Token counts each bucket is tiled for (plan_buckets).
 constexpr int64_t kDecodeTokens = 16, kMidTokens = 256, kPrefillTokens = 4096;
 
@@ -398,12 +402,112 @@ int64_t max_row_tiles(const MoeConfig& c, int64_t tokens, int bm) {
   return std::min(pairs, (pairs + bm - 1) / bm + c.local_experts());
 }
 
-Plan make_plan(const MoeConfig& config, const std::string& arch) {
+namespace {
+
+[[noreturn]] void bad_tile(std::string_view source, std::string_view entry, std::string_view why) {
+  throw InvalidInput(fmt::format(
+      "{}: '{}' {}; allowed form: <decode|mid|prefill>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<M>x<N> or "
+      "<bucket>.<gemm>=simt:<BM>x<BN>x<BK>, comma-separated",
+      source, entry, why));
+}
+
+// Why `t` cannot run GEMM 1 or 2 of `c`, or empty when it can.
+std::string tile_problem(const MoeConfig& c, bool gemm1, const TileShape& t) {
+  const int halves = gemm1 && c.gated ? 2 : 1;
+  if (t.bm < kMinRowTile || t.bn <= 0 || t.bk <= 0) return "needs BM >= 16 and positive BN, BK";
+  if (t.kernel == GemmKernel::Simt) {
+    if (t.bm % 16 || t.bn % 16) return "needs BM and BN multiples of 16 (a 16x16 thread grid)";
+    if ((t.bm + halves * t.bn) * t.bk * 4 > 48 * 1024) return "needs more than 48 KiB of static shared memory";
+    return {};
+  }
+  if (!tensor_core_eligible(c))
+    return "asks for tensor cores, which need bf16/fp16, no quantization, the nk layout and H, I multiples of 8";
+  const int threads = 32 * t.warps_m * t.warps_n, weight_rows = halves * t.bn;
+  if (t.bk != 64) return "needs BK = 64";
+  if (t.stages < 2) return "needs at least 2 stages";
+  if (t.warps_m <= 0 || t.warps_n <= 0 || threads > 1024) return "needs 1 to 32 warps";
+  if (t.bm % (16 * t.warps_m)) return "needs BM a multiple of 16 * warps_m";
+  if (weight_rows % (16 * t.warps_n)) return "needs (2 if gated GEMM 1) * BN a multiple of 16 * warps_n";
+  if ((t.bm * 8) % threads || (weight_rows * 8) % threads) return "needs the tile's 16-byte chunks to split evenly over the threads";
+  if (t.stages * (t.bm + weight_rows) * 128 + t.bm * 8 > 227 * 1024) return "needs more than 227 KiB of shared memory";
+  return {};
+}
+
+int parse_int(std::string_view text, std::string_view source, std::string_view entry) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) bad_tile(source, entry, "has a malformed number");
+  return v;
+}
+
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t at = text.find(sep, start);
+    parts.push_back(text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) return parts;
+    start = at + 1;
+  }
+}
+
+}  // namespace
+
+std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::string_view source) {
+  std::vector<TileOverride> out;
+  for (std::string_view entry : split(text, ',')) {
+    while (!entry.empty() && entry.front() == ' ') entry.remove_prefix(1);
+    while (!entry.empty() && entry.back() == ' ') entry.remove_suffix(1);
+    if (entry.empty()) continue;
+    const size_t eq = entry.find('='), dot = entry.find('.');
+    if (eq == std::string_view::npos || dot == std::string_view::npos || dot > eq) bad_tile(source, entry, "is malformed");
+    TileOverride o;
+    o.bucket = std::string(entry.substr(0, dot));
+    const std::string_view gemm = entry.substr(dot + 1, eq - dot - 1);
+    if (gemm != "gemm1" && gemm != "gemm2") bad_tile(source, entry, "names no GEMM (gemm1 or gemm2)");
+    o.gemm1 = gemm == "gemm1";
+    const std::vector<std::string_view> fields = split(entry.substr(eq + 1), ':');
+    const std::vector<std::string_view> dims = split(fields.size() > 1 ? fields[1] : "", 'x');
+    if (dims.size() != 3) bad_tile(source, entry, "needs BMxBNxBK");
+    o.tile.bm = parse_int(dims[0], source, entry);
+    o.tile.bn = parse_int(dims[1], source, entry);
+    o.tile.bk = parse_int(dims[2], source, entry);
+    if (fields[0] == "simt" && fields.size() == 2) {
+      o.tile.kernel = GemmKernel::Simt;
+    } else if (fields[0] == "tc" && fields.size() == 4 && fields[2].starts_with("s") && fields[3].starts_with("w")) {
+      o.tile.kernel = GemmKernel::TensorCore;
+      o.tile.stages = parse_int(fields[2].substr(1), source, entry);
+      const std::vector<std::string_view> warps = split(fields[3].substr(1), 'x');
+      if (warps.size() != 2) bad_tile(source, entry, "needs w<M>x<N>");
+      o.tile.warps_m = parse_int(warps[0], source, entry);
+      o.tile.warps_n = parse_int(warps[1], source, entry);
+    } else {
+      bad_tile(source, entry, "names no kernel form");
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
+Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& overrides) {
   validate(config);
   Plan plan;
   plan.config = config;
   plan.arch = arch;
   plan.buckets = plan_buckets(config);
+  for (const auto& o : overrides) {
+    auto b = std::find_if(plan.buckets.begin(), plan.buckets.end(), [&](const auto& x) { return x.name == o.bucket; });
+    const std::string entry = fmt::format("{}.gemm{}={}", o.bucket, o.gemm1 ? 1 : 2, describe(o.tile));
+    if (b == plan.buckets.end()) throw InvalidInput(fmt::format("tiles: '{}' names no bucket; allowed: decode, mid, prefill", entry));
+    const std::string problem = tile_problem(config, o.gemm1, o.tile);
+    if (!problem.empty()) throw InvalidInput(fmt::format("tiles: '{}' {}", entry, problem));
+    (o.gemm1 ? b->gemm1 : b->gemm2) = o.tile;
+  }
+  for (const auto& b : plan.buckets)
+    if (b.gemm1.bm != b.gemm2.bm)
+      throw InvalidInput(fmt::format("tiles: bucket {} has GEMM 1 row tile {} and GEMM 2 row tile {}; they share one "
+                                     "tile schedule, so they must be equal",
+                                     b.name, b.gemm1.bm, b.gemm2.bm));
   plan.kernels.push_back(routing_kernel(config));
   for (auto& k : index_kernels(config)) plan.kernels.push_back(std::move(k));
   plan.kernels.push_back(route_index_kernel(config));
@@ -467,8 +571,9 @@ void visit_workspace(const MoeConfig& c, int64_t tokens, Add&& add) {
   const int64_t e_loc = c.local_experts();
   const int64_t inter = c.local_intermediate();
   const int64_t elem = dtype_bytes(c.dtype);
-  // The decode bucket has the shortest row tile, hence the most tiles.
-  const int64_t tiles = max_row_tiles(c, tokens, row_tile_height(c, kDecodeTokens));
+  // Sized for the shortest row tile any plan may use (16, also with MOEJIT_TILES), so the layout
+  // stays a function of (config, tokens) alone.
+  const int64_t tiles = max_row_tiles(c, tokens, kMinRowTile);
   const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
   using W = WorkspaceOffsets;
   add("topk_weights", pairs * 4, "[T, K] fp32", &W::topk_weights);
