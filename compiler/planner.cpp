@@ -303,21 +303,29 @@ bool tensor_core_eligible(const MoeConfig& c) {
 }
 
 // Tensor-core tile for row tile height bm. Decode-sized tiles (bm 16, 32) keep few weight rows per
-// block so that even a handful of active experts spread over every SM, and pipeline deeper
-// (6 or 5 stages) so that each SM keeps enough weight bytes in flight to stream at HBM speed.
-// Prefill-sized tiles (bm 64, 128) take 128 weight rows for operand reuse. Every shape gives
-// each warp an even number of 8-column fragments and at most 64 fp32 accumulators.
-TileShape tensor_core_tile(const MoeConfig& c, int bm, bool gemm1) {
+// block so that even a handful of active experts spread over every SM, and pipeline deeper so that
+// each SM keeps enough weight bytes in flight to stream at HBM speed; in the decode bucket itself
+// (a few rows per expert) the narrowest, deepest one. Prefill-sized tiles take many weight rows
+// for operand reuse: at bm 128 a 64x64 warp tile (128 fp32 accumulators, 232 registers, no
+// spills). Every shape gives each warp an even number of 8-column fragments.
+// Measured on the H200 (bench/RESULTS.md, tile sweep): at T=4096 the 128 x 256-row tile beat
+// 128 x 128 rows by 11-12%; in decode the 32-row, 8-stage tile matched or beat 64 rows by up to 5%.
+TileShape tensor_core_tile(const MoeConfig& c, int bm, bool gemm1, bool decode_bucket) {
   TileShape t;
   t.kernel = GemmKernel::TensorCore;
   t.bm = bm;
   t.bk = 64;
   int weight_rows = 0;
-  switch (bm) {
-    case 16: t.warps_m = 1, t.warps_n = 4, t.stages = 6, weight_rows = 64; break;
-    case 32: t.warps_m = 2, t.warps_n = 2, t.stages = 5, weight_rows = 64; break;
-    case 64: t.warps_m = 2, t.warps_n = 2, t.stages = 4, weight_rows = 128; break;
-    default: t.warps_m = 2, t.warps_n = 4, t.stages = 4, weight_rows = 128; break;
+  if (bm == 16 && decode_bucket) {
+    t.warps_m = 1, t.warps_n = 2, t.stages = 8, weight_rows = 32;
+  } else if (bm == 16) {
+    t.warps_m = 1, t.warps_n = 4, t.stages = 6, weight_rows = 64;
+  } else if (bm == 32) {
+    t.warps_m = 2, t.warps_n = 2, t.stages = 5, weight_rows = 64;
+  } else if (bm == 64) {
+    t.warps_m = 2, t.warps_n = 2, t.stages = 4, weight_rows = 128;
+  } else {
+    t.warps_m = 2, t.warps_n = 4, t.stages = 3, weight_rows = 256;
   }
   t.bn = (gemm1 && c.gated) ? weight_rows / 2 : weight_rows;
   return t;
@@ -384,8 +392,9 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
     b.min_tokens = r.min;
     b.max_tokens = r.max;
     if (tensor_core_eligible(c)) {
-      b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true);
-      b.gemm2 = tensor_core_tile(c, bm, /*gemm1=*/false);
+      const bool decode = r.max <= kFusedRouteIndexMaxTokens;
+      b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true, decode);
+      b.gemm2 = tensor_core_tile(c, bm, /*gemm1=*/false, decode);
     } else {
       // Gated GEMM 1 keeps two accumulator sets, so it takes the narrower column tile.
       b.gemm1 = {GemmKernel::Simt, bm, 64, bm <= 32 ? 32 : 16};
