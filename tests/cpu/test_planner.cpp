@@ -1,6 +1,7 @@
 // Planner and codegen: determinism, buckets, launch rules and the workspace layout.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 
 #include "compiler/codegen.h"
@@ -104,6 +105,80 @@ TEST(Planner, MaxRowTilesBoundsEveryRouting) {
     worst += (count + bm - 1) / bm;
   }
   EXPECT_LE(worst, max_row_tiles(c, tokens, bm));
+}
+
+TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
+  auto kinds = [](const MoeConfig& c) {
+    std::set<GemmKernel> k;
+    for (const auto& b : plan_buckets(c)) k.insert({b.gemm1.kernel, b.gemm2.kernel});
+    return k;
+  };
+  for (const auto& name : preset_names()) EXPECT_EQ(kinds(preset(name)), std::set{GemmKernel::TensorCore}) << name;
+  MoeConfig c = preset("qwen3-30b-a3b");
+  c.dtype = DType::FP16;
+  EXPECT_EQ(kinds(c), std::set{GemmKernel::TensorCore});
+  for (auto change : std::vector<std::function<void(MoeConfig&)>>{
+           [](MoeConfig& x) { x.dtype = DType::FP32; },
+           [](MoeConfig& x) { x.quant = Quant::W8A8Int8; },
+           [](MoeConfig& x) { x.weight_layout = WeightLayout::KN; },
+           [](MoeConfig& x) { x.hidden = 2052; },
+           [](MoeConfig& x) { x.moe_intermediate = 772; }}) {
+    MoeConfig d = preset("qwen3-30b-a3b");
+    change(d);
+    EXPECT_EQ(kinds(d), std::set{GemmKernel::Simt}) << describe(d);
+  }
+}
+
+TEST(Planner, TileOverridesReplaceThePlannersTiles) {
+  const MoeConfig c = preset("mixtral-8x7b");
+  Plan plan = make_plan(c, "sm_90a",
+                        parse_tile_overrides("prefill.gemm1=tc:128x64x64:s4:w2x4, prefill.gemm2=tc:128x128x64:s2:w2x2,"
+                                             "decode.gemm2=simt:16x64x32"));
+  const TokenBucket& prefill = plan.bucket_for(4096);
+  EXPECT_EQ(describe(prefill.gemm1), "128x64x64 (tensor-core, 4 stages, 2x4 warps)");
+  EXPECT_EQ(describe(prefill.gemm2), "128x128x64 (tensor-core, 2 stages, 2x2 warps)");
+  EXPECT_EQ(describe(plan.bucket_for(1).gemm2), "16x64x32 (simt)");
+  EXPECT_NO_THROW(plan.kernel(prefill.gemm2_entry));
+  EXPECT_EQ(plan.kernel(prefill.gemm2_entry).launch.threads, 128);
+  EXPECT_EQ(plan.kernel(prefill.gemm2_entry).launch.shared_bytes, 2 * (128 + 128) * 128 + 128 * 8);
+  // The workspace is sized for the shortest row tile any override may ask for (16).
+  EXPECT_GE(workspace_offsets(c, 100).total_bytes - workspace_offsets(c, 100).tile_expert,
+            max_row_tiles(c, 100, 16) * 4);
+}
+
+TEST(Planner, BadTileOverridesAreRefusedWithTheReason) {
+  const MoeConfig c = preset("qwen3-30b-a3b");
+  MoeConfig fp32 = c;
+  fp32.dtype = DType::FP32;
+  fp32.router_dtype = DType::FP32;
+  struct Case {
+    MoeConfig config;
+    const char* text;
+    const char* message;
+  };
+  const Case cases[] = {
+      {c, "prefill.gemm1", "malformed"},
+      {c, "prefill.gemm3=tc:128x64x64:s3:w2x4", "names no GEMM"},
+      {c, "prefill.gemm1=tc:128x64:s3:w2x4", "needs BMxBNxBK"},
+      {c, "prefill.gemm1=wgmma:128x64x64", "names no kernel form"},
+      {c, "prefill.gemm1=tc:128xAx64:s3:w2x4", "malformed number"},
+      {c, "huge.gemm1=tc:128x64x64:s3:w2x4", "names no bucket"},
+      {c, "prefill.gemm1=tc:64x64x64:s3:w2x4", "must be equal"},
+      {c, "prefill.gemm1=tc:128x64x32:s3:w2x4", "BK = 64"},
+      {c, "prefill.gemm1=tc:128x128x64:s6:w2x4", "227 KiB"},
+      {c, "prefill.gemm2=tc:128x40x64:s3:w2x4", "multiple of 16 * warps_n"},
+      {c, "decode.gemm1=tc:8x32x64:s3:w1x2", "BM >= 16"},
+      {fp32, "prefill.gemm1=tc:128x64x64:s3:w2x4", "tensor cores"},
+      {c, "prefill.gemm1=simt:128x64x64", "48 KiB"},
+  };
+  for (const auto& k : cases) {
+    try {
+      make_plan(k.config, "sm_90a", parse_tile_overrides(k.text));
+      ADD_FAILURE() << k.text << " was accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(k.message), std::string::npos) << k.text << ": " << e.what();
+    }
+  }
 }
 
 TEST(Workspace, IsAPureFunctionWithAlignedDisjointBuffers) {
