@@ -25,7 +25,6 @@ enum class GridRule {
   SortedRows,         // T*K blocks, one per expert-sorted row; rows past the local count exit
   RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (SIMT grouped GEMMs)
   RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
-  Tokens,             // T blocks
   TokensByColumns,    // (T, ceil(H / per_block)) blocks (combine)
 };
 std::string_view to_string(GridRule rule);

@@ -370,7 +370,6 @@ std::string_view to_string(GridRule rule) {
     case GridRule::SortedRows: return "T*K blocks (one per sorted row)";
     case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";
     case GridRule::RowTileGroups: return "max_row_tiles(T) * ceil(N / per_block) blocks, grouped";
-    case GridRule::Tokens: return "T blocks";
     case GridRule::TokensByColumns: return "(T, ceil(H / per_block)) blocks";
   }
   return "?";

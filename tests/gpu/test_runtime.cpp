@@ -329,7 +329,9 @@ TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
   }
   EXPECT_EQ(kernels, layer->launches(T));
   // Decode: routing + index, GEMM 1, GEMM 2, combine (w8a8 adds its two quantizations).
-  if (T <= 32) EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 4);
+  if (T <= 32) {
+    EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 4);
+  }
   CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
 
   for (int round = 0; round < 2; ++round) {
