@@ -160,6 +160,20 @@ std::vector<KernelPlan> quantize_kernels(const MoeConfig& c) {
   return out;
 }
 
+// The tensor-core GEMMs need 16-bit operands, the nk layout (k contiguous, as mma's B operand
+// wants) and rows that split into 16-byte chunks.
+bool tensor_core_eligible(const MoeConfig& c) {
+  return (c.dtype == DType::BF16 || c.dtype == DType::FP16) && c.quant == Quant::None &&
+         c.weight_layout == WeightLayout::NK && c.hidden % 8 == 0 && c.local_intermediate() % 8 == 0;
+}
+
+// Dynamic shared memory of a tensor-core GEMM (mma_gemm.cuh): kStages stages of the 16-bit A and
+// weight tiles (gated GEMM 1 holds 2 * BN weight rows), then one 8-byte source row index per A row.
+int tensor_core_shared_bytes(const MoeConfig& c, bool gemm1, const TileShape& t) {
+  const int weight_rows = (gemm1 && c.gated ? 2 : 1) * t.bn;
+  return t.stages * (t.bm + weight_rows) * t.bk * 2 + t.bm * 8;
+}
+
 KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   const bool quant = c.quant == Quant::W8A8Int8;
   const bool tensor_core = tile.kernel == GemmKernel::TensorCore;
@@ -180,8 +194,7 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   const bool gated = gemm1 && c.gated;
   if (tensor_core) {
     const int threads = 32 * tile.warps_m * tile.warps_n;
-    const int weight_rows = (gated ? 2 : 1) * tile.bn;
-    const int shared = tile.stages * (tile.bm + weight_rows) * tile.bk * 2 + tile.bm * 8;
+    const int shared = tensor_core_shared_bytes(c, gemm1, tile);
     k.device_function = "moejit::grouped_gemm_mma";
     k.header = "moejit/mma_gemm.cuh";
     k.spec = {
@@ -294,14 +307,6 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
   return bm;
 }
 
-
-// The tensor-core GEMMs need 16-bit operands, the nk layout (k contiguous, as mma's B operand
-// wants) and rows that split into 16-byte chunks.
-bool tensor_core_eligible(const MoeConfig& c) {
-  return (c.dtype == DType::BF16 || c.dtype == DType::FP16) && c.quant == Quant::None &&
-         c.weight_layout == WeightLayout::NK && c.hidden % 8 == 0 && c.local_intermediate() % 8 == 0;
-}
-
 // Tensor-core tile for row tile height bm. Decode-sized tiles (bm 16, 32) keep few weight rows per
 // block so that even a handful of active experts spread over every SM, and pipeline deeper so that
 // each SM keeps enough weight bytes in flight to stream at HBM speed; in the decode bucket itself
@@ -391,7 +396,7 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
     b.min_tokens = r.min;
     b.max_tokens = r.max;
     if (tensor_core_eligible(c)) {
-      const bool decode = r.max <= kFusedRouteIndexMaxTokens;
+      const bool decode = std::string_view(r.name) == "decode";
       b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true, decode);
       b.gemm2 = tensor_core_tile(c, bm, /*gemm1=*/false, decode);
     } else {
@@ -437,7 +442,7 @@ std::string tile_problem(const MoeConfig& c, bool gemm1, const TileShape& t) {
   if (t.bm % (16 * t.warps_m)) return "needs BM a multiple of 16 * warps_m";
   if (weight_rows % (16 * t.warps_n)) return "needs (2 if gated GEMM 1) * BN a multiple of 16 * warps_n";
   if ((t.bm * 8) % threads || (weight_rows * 8) % threads) return "needs the tile's 16-byte chunks to split evenly over the threads";
-  if (t.stages * (t.bm + weight_rows) * 128 + t.bm * 8 > 227 * 1024) return "needs more than 227 KiB of shared memory";
+  if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";
   return {};
 }
 
@@ -633,9 +638,9 @@ WorkspaceLayout plan_workspace(const MoeConfig& c, int64_t max_tokens) {
 std::string describe(const TileShape& t) {
   std::string out = fmt::format("{}x{}x{}", t.bm, t.bn, t.bk);
   if (t.kernel == GemmKernel::TensorCore)
-    out += fmt::format(" (tensor-core, {} stages, {}x{} warps)", t.stages, t.warps_m, t.warps_n);
+    out += fmt::format(" ({}, {} stages, {}x{} warps)", to_string(t.kernel), t.stages, t.warps_m, t.warps_n);
   else
-    out += " (simt)";
+    out += fmt::format(" ({})", to_string(t.kernel));
   return out;
 }
 

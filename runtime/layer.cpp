@@ -122,11 +122,11 @@ class LayerImpl final : public Layer {
     char* ws = static_cast<char*>(workspace);
     float* weights = reinterpret_cast<float*>(ws + o.topk_weights);
     int* ids = reinterpret_cast<int*>(ws + o.topk_ids);
-    RouteArgs routing{in.router_logits, in.e_score_correction_bias, weights, ids, tokens};
     if (fused_route_index(tokens)) {
+      const RouteArgs routing{in.router_logits, in.e_score_correction_bias, weights, ids, tokens};
       launch_route_index(fn, stream, tokens, &routing, ids, ws, o);
     } else {
-      launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &routing);
+      launch_routing(fn, stream, tokens, in.router_logits, in.e_score_correction_bias, weights, ids);
       launch_index(fn, stream, tokens, ids, ws, o);
     }
     launch_experts(fn, stream, tokens, ids, weights, in, output, ws, o);
@@ -151,7 +151,7 @@ class LayerImpl final : public Layer {
     CUstream stream = static_cast<CUstream>(stream_handle);
     const std::vector<CUfunction>& fn = functions_for(stream);
     char* ws = static_cast<char*>(workspace);
-    if (tokens * config().topk <= kPairsPerIndexBlock) {
+    if (single_block_index(tokens)) {
       launch_route_index(fn, stream, tokens, nullptr, topk_ids, ws, o);
     } else {
       launch_index(fn, stream, tokens, topk_ids, ws, o);
@@ -194,12 +194,16 @@ class LayerImpl final : public Layer {
   void launch_routing(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const void* logits,
                       const float* bias, float* weights, int* ids) const {
     RouteArgs route{logits, bias, weights, ids, tokens};
-    launch(fn, roles_.routing, stream, {ceil_div(tokens, 4), 1}, &route);
+    const int64_t tokens_per_block = plan().kernels[roles_.routing].launch.per_block;
+    launch(fn, roles_.routing, stream, {ceil_div(tokens, tokens_per_block), 1}, &route);
   }
 
-  // Small batches route and index in one single-block launch (route_index.cuh).
+  // The index steps fit one block (route_index.cuh) when every pair is in the first index block.
+  bool single_block_index(int64_t tokens) const { return tokens * config().topk <= kPairsPerIndexBlock; }
+
+  // Small batches route and index in one single-block launch.
   bool fused_route_index(int64_t tokens) const {
-    return tokens <= kFusedRouteIndexMaxTokens && tokens * config().topk <= kPairsPerIndexBlock;
+    return tokens <= kFusedRouteIndexMaxTokens && single_block_index(tokens);
   }
 
   IndexArgs index_args(int64_t tokens, const int* ids, char* ws, const WorkspaceOffsets& o) const {
