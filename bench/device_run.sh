@@ -6,6 +6,8 @@
 #   BENCH_ARGS     arguments of bench/moe_bench.py (default: the quick run of two presets)
 #   BENCH=0        skip the benchmark
 #   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh
+#   AUTOTUNE="p1 p2"  before the benchmark, `moejit compile --autotune --preset p` for each preset
+#                  (the benchmark's layers then use the stored tiles)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-/tmp/moejit-build}"
@@ -27,6 +29,10 @@ if [ "${GPU_TESTS:-1}" != "0" ]; then
   stamp "GPU tier"
   GPU_TEST_SANITIZERS="${GPU_TEST_SANITIZERS:-0}" BUILD_DIR="$build" OUT="$out" bash scripts/gpu-test.sh | tail -25 || status=1
 fi
+for preset in ${AUTOTUNE:-}; do
+  stamp "autotune $preset"
+  "$build/moejit" compile --autotune --preset "$preset" 2>&1 | grep -v "^\[" | tee -a "$out/autotune.log" || status=1
+done
 if [ "${BENCH:-1}" != "0" ]; then
   stamp "benchmark"
   # shellcheck disable=SC2086

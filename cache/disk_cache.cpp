@@ -576,6 +576,15 @@ DiskVerifyResult DiskCache::verify() {
 // Deletes an entry by first renaming it into tmp (one atomic step: readers see the whole entry
 // or none), then removing it; an interrupted removal is swept later. `*gone` says the entry had
 // already disappeared (another process evicted it).
+bool DiskCache::remove(const std::string& arch, const std::string& key) {
+  if (!usable_ || !valid_arch(arch) || !valid_key(key)) return false;
+  const std::string dir = entry_dir(arch, key);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || !trusted(st)) return false;
+  bool gone = false;
+  return remove_entry(dir, &gone);
+}
+
 bool DiskCache::remove_entry(const std::string& dir, bool* gone) const {
   *gone = false;
   std::string target = root_ + "/v1/tmp/" + unique_name("evict." + base_of(dir));

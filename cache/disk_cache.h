@@ -64,6 +64,10 @@ class DiskCache {
   // Cross-process lock for one key (saves duplicate compiles only). Null when unusable.
   std::unique_ptr<DiskLock> lock(const std::string& arch, const std::string& key);
 
+  // Removes the entry (arch, key) so that a new publish replaces it (autotune records); false when
+  // there is none or it is not this user's.
+  bool remove(const std::string& arch, const std::string& key);
+
   std::vector<DiskEntryInfo> list() const;
   int64_t total_bytes() const;
   DiskVerifyResult verify();

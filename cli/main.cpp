@@ -12,6 +12,8 @@
 #include "cli/config_options.h"
 #include "compiler/codegen.h"
 #include "compiler/error.h"
+#include "runtime/autotune.h"
+#include "runtime/cuda_driver.h"
 #include "compiler/knobs.h"
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
@@ -81,16 +83,47 @@ void dump_source(const ConfigOptions& inputs, const std::string& arch_flag, cons
     throw InvalidInput(fmt::format("stage: this layer has no '{}' stage (w8a8 adds 'expand')", stage_name));
 }
 
+// `compile --autotune`: times tile candidates on device 0 and stores the winners (autotune.h).
+void run_autotune(const MoeConfig& config, const std::string& arch_flag) {
+  std::string why;
+  const std::optional<DeviceInfo> device = query_device(0, &why);
+  if (!device) throw Error("--autotune needs a GPU: " + why);
+  if (!arch_flag.empty() && arch_flag != arch_for(*device))
+    throw InvalidInput(fmt::format("arch: --autotune tunes for the device's arch {}, not '{}'", arch_for(*device), arch_flag));
+  fmt::print("autotune on {} ({}):\n", device->name, arch_for(*device));
+  std::fflush(stdout);
+  const TuneReport report = autotune(config, 0);
+  for (const auto& t : report.timings)
+    fmt::print("  {:<8} T={:<5} {:>10}  {}\n", t.bucket, t.tokens,
+               t.ms > 0 ? fmt::format("{:.4f} ms", t.ms) : std::string("only choice"), t.tiles);
+  for (const auto& o : report.chosen) fmt::print("chosen: {}\n", to_string(o));
+  if (!report.stored_in.empty())
+    fmt::print("stored in {} (key {}); Layer::create uses it for this config on {}\n", report.stored_in,
+               report.cache_key.substr(0, 16), report.device);
+  else
+    fmt::print("not stored: {}\n", report.why_not_stored);
+}
+
+// The tiles a layer created on this machine would use: the stored autotune choice for device 0.
+std::vector<TileOverride> stored_tuning(const MoeConfig& config, const std::string& arch) {
+  std::string why;
+  const std::optional<DeviceInfo> device = query_device(0, &why);
+  if (!device || arch_for(*device) != arch) return {};
+  return load_tuning(config, arch, device->name).value_or(std::vector<TileOverride>{});
+}
+
 void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool with_plan, int64_t max_tokens) {
   MoeConfig config = inputs.resolve();
   std::string arch = resolve_arch(arch_flag);
   KernelCache& cache = global_cache();
-  if (with_plan) fmt::print("{}\n", describe(plan_layer(config, arch), max_tokens));
+  const std::vector<TileOverride> tuned = stored_tuning(config, arch);
+  if (!tuned.empty()) fmt::print("using the autotuned tiles stored for this device\n");
+  if (with_plan) fmt::print("{}\n", describe(plan_layer(config, arch, tuned), max_tokens));
   CompiledLayer layer = compile_layer(config, arch, cache, [](const UnitResult& r, size_t done, size_t total) {
     fmt::print("[{}/{}] {:<8} {:<6} {:7.3f} s  {} kernel(s)  key {}\n", done, total, r.unit, to_string(r.outcome),
                r.seconds, r.binary->kernel_names.size(), r.key.substr(0, 16));
     std::fflush(stdout);
-  });
+  }, tuned);
   int built = 0, hits = 0;
   double compile_seconds = 0;
   for (const auto& u : layer.units) {
@@ -165,6 +198,10 @@ int run(int argc, char** argv) {
   compile_inputs.add_to(*comp);
   comp->add_option("--arch", arch, "target arch, e.g. sm_90a (default: the device's, else sm_90a)");
   comp->add_flag("--plan", with_plan, "print the plan first");
+  bool with_autotune = false;
+  comp->add_flag("--autotune", with_autotune,
+                 "time candidate GEMM tiles on device 0 and store the fastest per token bucket in the cache "
+                 "(Layer::create then uses them on this device); needs a GPU");
   comp->add_option("--max-tokens", max_tokens, "token count the printed workspace is sized for")->check(CLI::NonNegativeNumber);
 
   auto* cache = app.add_subcommand("cache", "inspect and maintain the kernel cache");
@@ -198,6 +235,7 @@ int run(int argc, char** argv) {
     if (dump->parsed()) {
       dump_source(dump_inputs, arch, stage, with_plan, with_ptx, max_tokens);
     } else if (comp->parsed()) {
+      if (with_autotune) run_autotune(compile_inputs.resolve(), arch);
       compile(compile_inputs, arch, with_plan, max_tokens);
     } else if (info_cmd->parsed()) {
       info();

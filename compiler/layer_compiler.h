@@ -39,12 +39,13 @@ CompileOptions compile_options_for(const std::string& arch);
 // The labeled fields of a unit's cache key (DESIGN.md decision 5), in a fixed order.
 CacheKeyBuilder unit_cache_key(const GeneratedUnit& unit, const CompileOptions& options);
 
-// The plan compile_layer builds: make_plan with the MOEJIT_TILES overrides, if any.
-Plan plan_layer(const MoeConfig& config, const std::string& arch);
+// The plan compile_layer builds: make_plan with `tiles` (an autotuned choice), then the MOEJIT_TILES
+// overrides, which win.
+Plan plan_layer(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& tiles = {});
 
 // Validates the config (InvalidInput), checks the arch (InvalidInput), then compiles or loads
 // every unit. A CompileError from any unit is rethrown after the others finish.
 CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, KernelCache& cache,
-                            const UnitProgress& progress = {});
+                            const UnitProgress& progress = {}, const std::vector<TileOverride>& tiles = {});
 
 }  // namespace moejit

@@ -76,6 +76,7 @@ struct TokenBucket {
   std::string name;         // "decode", "mid", "prefill"
   int64_t min_tokens = 1;   // inclusive
   int64_t max_tokens = 0;   // inclusive; INT64_MAX for the last bucket
+  int64_t tuned_tokens = 0;  // the token count the tiles are chosen (and autotuned) for
   TileShape gemm1, gemm2;
   std::string gemm1_entry, gemm2_entry;
 };
@@ -103,6 +104,14 @@ struct TileOverride {
 // Parses a comma-separated list of overrides (MOEJIT_TILES); throws InvalidInput naming `source`
 // and the allowed form.
 std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::string_view source = "MOEJIT_TILES");
+
+// "decode.gemm1=tc:16x16x64:s8:w1x2": the MOEJIT_TILES form of one override (parses back to it).
+std::string to_string(const TileOverride& tile);
+
+// Tile pairs (GEMM 1, GEMM 2) worth timing for one bucket of `config`, the planner's own first;
+// every pair fits the config and keeps the bucket's row tile. One pair when there is nothing to
+// choose (the SIMT kernels).
+std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& config, const TokenBucket& bucket);
 
 // Validates the config (InvalidInput) and plans every kernel. Deterministic. Overrides replace the
 // planner's tiles; an override that names no bucket, does not fit the config, or gives the two

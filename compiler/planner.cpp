@@ -395,6 +395,7 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
     b.name = r.name;
     b.min_tokens = r.min;
     b.max_tokens = r.max;
+    b.tuned_tokens = r.representative;
     if (tensor_core_eligible(c)) {
       const bool decode = std::string_view(r.name) == "decode";
       b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true, decode);
@@ -465,6 +466,45 @@ std::vector<std::string_view> split(std::string_view text, char sep) {
 }
 
 }  // namespace
+
+std::string to_string(const TileOverride& o) {
+  const TileShape& t = o.tile;
+  std::string out = fmt::format("{}.gemm{}=", o.bucket, o.gemm1 ? 1 : 2);
+  if (t.kernel == GemmKernel::TensorCore)
+    return out + fmt::format("tc:{}x{}x{}:s{}:w{}x{}", t.bm, t.bn, t.bk, t.stages, t.warps_m, t.warps_n);
+  return out + fmt::format("simt:{}x{}x{}", t.bm, t.bn, t.bk);
+}
+
+std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c, const TokenBucket& b) {
+  std::vector<std::pair<TileShape, TileShape>> out = {{b.gemm1, b.gemm2}};
+  if (b.gemm1.kernel != GemmKernel::TensorCore) return out;
+  // (warps_m, warps_n, stages, weight rows) alternatives per row tile height: narrower or wider
+  // weight tiles and shallower or deeper pipelines around the planner's choice.
+  struct Shape {
+    int warps_m, warps_n, stages, weight_rows;
+  };
+  std::vector<Shape> shapes;
+  switch (b.gemm1.bm) {
+    case 16: shapes = {{1, 2, 8, 32}, {1, 4, 6, 64}, {1, 4, 4, 64}, {1, 2, 6, 32}}; break;
+    case 32: shapes = {{2, 2, 5, 64}, {2, 4, 4, 128}, {2, 2, 8, 64}}; break;
+    case 64: shapes = {{2, 2, 4, 128}, {2, 4, 3, 256}, {2, 4, 4, 128}, {2, 2, 6, 64}}; break;
+    default: shapes = {{2, 4, 3, 256}, {2, 4, 4, 128}, {2, 4, 3, 128}, {4, 2, 3, 256}}; break;
+  }
+  for (const Shape& s : shapes) {
+    std::pair<TileShape, TileShape> pair;
+    for (bool gemm1 : {true, false}) {
+      TileShape& t = gemm1 ? pair.first : pair.second;
+      t = {GemmKernel::TensorCore, b.gemm1.bm, 0, 64, s.warps_m, s.warps_n, s.stages};
+      t.bn = (gemm1 && c.gated) ? s.weight_rows / 2 : s.weight_rows;
+    }
+    const bool fits = tile_problem(c, true, pair.first).empty() && tile_problem(c, false, pair.second).empty();
+    const bool known = std::any_of(out.begin(), out.end(), [&](const auto& p) {
+      return describe(p.first) == describe(pair.first) && describe(p.second) == describe(pair.second);
+    });
+    if (fits && !known) out.push_back(pair);
+  }
+  return out;
+}
 
 std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::string_view source) {
   std::vector<TileOverride> out;

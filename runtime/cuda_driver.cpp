@@ -54,6 +54,14 @@ CudaDriver load_driver() {
   MOEJIT_RESOLVE(launch_kernel_ex, cuLaunchKernelEx);
   MOEJIT_RESOLVE(mem_alloc, cuMemAlloc);
   MOEJIT_RESOLVE(mem_free, cuMemFree);
+  MOEJIT_RESOLVE(memcpy_htod, cuMemcpyHtoD);
+  MOEJIT_RESOLVE(memset_d16, cuMemsetD16);
+  MOEJIT_RESOLVE(ctx_synchronize, cuCtxSynchronize);
+  MOEJIT_RESOLVE(event_create, cuEventCreate);
+  MOEJIT_RESOLVE(event_destroy, cuEventDestroy);
+  MOEJIT_RESOLVE(event_record, cuEventRecord);
+  MOEJIT_RESOLVE(event_synchronize, cuEventSynchronize);
+  MOEJIT_RESOLVE(event_elapsed_time, cuEventElapsedTime);
   CUresult r = d.init(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;

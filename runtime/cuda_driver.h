@@ -38,6 +38,15 @@ struct CudaDriver {
   decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
   decltype(&::cuMemAlloc) mem_alloc = nullptr;
   decltype(&::cuMemFree) mem_free = nullptr;
+  // Used by autotune only (timing candidate plans at model load).
+  decltype(&::cuMemcpyHtoD) memcpy_htod = nullptr;
+  decltype(&::cuMemsetD16) memset_d16 = nullptr;
+  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventDestroy) event_destroy = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
+  decltype(&::cuEventElapsedTime) event_elapsed_time = nullptr;
 };
 
 // The process-wide driver table (loaded on first use; never throws).

@@ -13,6 +13,7 @@
 #include "cache/kernel_cache.h"
 #include "compiler/error.h"
 #include "compiler/layer_compiler.h"
+#include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
 #include "templates/args.cuh"
 
@@ -446,7 +447,14 @@ std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions
   }
   try {
     refuse_during_capture(context);
-    CompiledLayer compiled = compile_layer(config, arch, global_cache());
+    std::vector<TileOverride> tiles = options.tiles;
+    if (tiles.empty()) {
+      // The tiles `moejit compile --autotune` stored for this config and device, if any.
+      char name[256] = {};
+      if (d.device_get_name(name, sizeof name, device) == CUDA_SUCCESS)
+        if (auto tuned = load_tuning(config, arch, name)) tiles = std::move(*tuned);
+    }
+    CompiledLayer compiled = compile_layer(config, arch, global_cache(), {}, tiles);
     return std::make_unique<LayerImpl>(std::move(compiled), context, device, retained);
   } catch (...) {
     if (retained) d.primary_ctx_release(device);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "compiler/moe_config.h"
 #include "compiler/plan.h"
@@ -34,6 +35,9 @@ struct LayerInputs {
 struct LayerOptions {
   std::string arch;      // empty: the current device's
   int device = -1;       // -1: the current context's device, else device 0
+  // GEMM tiles instead of the planner's (MOEJIT_TILES still wins). Empty: the tiles `moejit compile
+  // --autotune` stored for this config and device, if any, else the planner's.
+  std::vector<TileOverride> tiles;
 };
 
 class Layer {

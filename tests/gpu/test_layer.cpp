@@ -18,6 +18,7 @@
 #include "cache/kernel_cache.h"
 #include "compiler/layer_compiler.h"
 #include "harness.h"
+#include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
 #include "test_cases.h"
 
@@ -44,6 +45,71 @@ void sanitize_config(const MoeConfig& c, std::initializer_list<int64_t> token_co
     Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = residual});
     EXPECT_TRUE(run_and_check(*layer, p, {.reference_layer = true})) << "T = " << T;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every tile autotune may pick (tile_candidates) computes the layer correctly, in each bucket's
+// row tile (16 and 64 and 128 for the first config, 32 for the second).
+TEST(TileCandidates, EveryCandidateMatchesTheReference) {
+  MoeConfig a;  // bf16 softmax, gated SiLU; H and I multiples of 8, not of 64
+  a.experts = 16;
+  a.topk = 4;
+  a.hidden = 264;
+  a.moe_intermediate = 104;
+  a.dtype = a.router_dtype = DType::BF16;
+  MoeConfig b = a;  // fp16, non-gated GELU, more experts: the mid bucket tiles 32 rows
+  b.experts = 64;
+  b.topk = 8;
+  b.hidden = 136;
+  b.moe_intermediate = 48;
+  b.gated = false;
+  b.activation = Activation::Gelu;
+  b.dtype = b.router_dtype = DType::FP16;
+  Seeds seeds;
+  std::set<int> row_tiles;
+  for (const MoeConfig& c : {a, b}) {
+    for (const TokenBucket& bucket : plan_buckets(c)) {
+      const int64_t T = std::min<int64_t>(bucket.max_tokens, bucket.min_tokens + 37);
+      for (const auto& [gemm1, gemm2] : tile_candidates(c, bucket)) {
+        LayerOptions options;
+        options.tiles = {{bucket.name, true, gemm1}, {bucket.name, false, gemm2}};
+        auto layer = Layer::create(c, options);
+        Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce());
+        EXPECT_TRUE(run_and_check(*layer, p)) << short_config(c) << " T=" << T << " gemm1 " << describe(gemm1)
+                                              << " gemm2 " << describe(gemm2);
+        row_tiles.insert(gemm1.bm);
+      }
+    }
+  }
+  EXPECT_EQ(row_tiles, (std::set<int>{16, 32, 64, 128}));
+}
+
+// autotune stores its choice, and Layer::create on this device then plans with it.
+TEST(Autotune, StoresTheFastestTilesAndCreateUsesThem) {
+  MoeConfig c;
+  c.experts = 16;
+  c.topk = 4;
+  c.hidden = 264;
+  c.moe_intermediate = 104;
+  c.dtype = c.router_dtype = DType::BF16;
+  const TuneReport report = autotune(c, 0);
+  ASSERT_FALSE(report.stored_in.empty()) << report.why_not_stored;
+  size_t candidates = 0;
+  const std::vector<TokenBucket> buckets = plan_buckets(c);
+  for (const auto& bucket : buckets) candidates += tile_candidates(c, bucket).size();
+  EXPECT_EQ(report.timings.size(), candidates);
+  ASSERT_EQ(report.chosen.size(), 2 * buckets.size());
+  for (const auto& t : report.timings) EXPECT_GT(t.ms, 0.0) << t.tiles;
+
+  auto layer = Layer::create(c);
+  for (const TileOverride& o : report.chosen) {
+    const TokenBucket& b = layer->plan().bucket_for(o.bucket == "decode" ? 1 : o.bucket == "mid" ? 100 : 1000);
+    ASSERT_EQ(b.name, o.bucket);
+    EXPECT_EQ(describe(o.gemm1 ? b.gemm1 : b.gemm2), describe(o.tile)) << to_string(o);
+  }
+  Seeds seeds;
+  Problem p = make_problem(c, 70, seeds.next(), seeds.how_to_reproduce());
+  EXPECT_TRUE(run_and_check(*layer, p));
 }
 
 TEST(Sanitize, Bf16Softmax) {
