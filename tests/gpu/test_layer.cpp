@@ -50,13 +50,19 @@ void sanitize_config(const MoeConfig& c, std::initializer_list<int64_t> token_co
 // ---------------------------------------------------------------------------------------------
 // Every tile autotune may pick (tile_candidates) computes the layer correctly, in each bucket's
 // row tile (16 and 64 and 128 for the first config, 32 for the second).
+// bf16 softmax, gated SiLU; H and I multiples of 8 (tensor cores), not of 64 (K tails).
+MoeConfig tensor_core_config() {
+  MoeConfig c;
+  c.experts = 16;
+  c.topk = 4;
+  c.hidden = 264;
+  c.moe_intermediate = 104;
+  c.dtype = c.router_dtype = DType::BF16;
+  return c;
+}
+
 TEST(TileCandidates, EveryCandidateMatchesTheReference) {
-  MoeConfig a;  // bf16 softmax, gated SiLU; H and I multiples of 8, not of 64
-  a.experts = 16;
-  a.topk = 4;
-  a.hidden = 264;
-  a.moe_intermediate = 104;
-  a.dtype = a.router_dtype = DType::BF16;
+  const MoeConfig a = tensor_core_config();
   MoeConfig b = a;  // fp16, non-gated GELU, more experts: the mid bucket tiles 32 rows
   b.experts = 64;
   b.topk = 8;
@@ -86,12 +92,7 @@ TEST(TileCandidates, EveryCandidateMatchesTheReference) {
 
 // autotune stores its choice, and Layer::create on this device then plans with it.
 TEST(Autotune, StoresTheFastestTilesAndCreateUsesThem) {
-  MoeConfig c;
-  c.experts = 16;
-  c.topk = 4;
-  c.hidden = 264;
-  c.moe_intermediate = 104;
-  c.dtype = c.router_dtype = DType::BF16;
+  const MoeConfig c = tensor_core_config();
   const TuneReport report = autotune(c, 0);
   ASSERT_FALSE(report.stored_in.empty()) << report.why_not_stored;
   size_t candidates = 0;
