@@ -5,7 +5,7 @@
 #   GPU_TESTS=0    skip the GPU tier; GTEST_FILTER narrows it (passed through)
 #   BENCH_ARGS     arguments of bench/moe_bench.py (default: the quick run of two presets)
 #   BENCH=0        skip the benchmark
-#   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh
+#   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh (SWEEP_FILE: its list)
 #   AUTOTUNE="p1 p2"  before the benchmark, `moejit compile --autotune --preset p` for each preset
 #                  (the benchmark's layers then use the stored tiles)
 set -uo pipefail

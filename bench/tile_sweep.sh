@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Times candidate GEMM tiles (MOEJIT_TILES) against the planner's choice with bench/moe_bench.py,
-# one benchmark process per candidate. Each line of the candidate file (default: the list below) is
+# one benchmark process per candidate. Each line of the candidate file ($1, else $SWEEP_FILE, else
+# the list below; bench/sweeps/ holds the ones run) is
 #   label | presets | token counts | MOEJIT_TILES value (empty: the planner's tiles)
+# and lines starting with # are comments.
 # Results: $OUT/sweep-<label>.md and a one-table summary on stdout.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}"
 mkdir -p "$out"
 cd "$root"
-candidates="${1:-}"
+candidates="${1:-${SWEEP_FILE:-}}"
 default_candidates='
 planner-prefill | qwen3-30b-a3b mixtral-8x7b | 4096 |
 prefill-128x256 | qwen3-30b-a3b mixtral-8x7b | 4096 | prefill.gemm1=tc:128x128x64:s3:w2x4,prefill.gemm2=tc:128x256x64:s3:w2x4
@@ -20,7 +22,7 @@ list="${candidates:+$(cat "$candidates")}"
 list="${list:-$default_candidates}"
 echo "$list" | while IFS='|' read -r label presets tokens tiles; do
   label="$(echo "$label" | xargs)"
-  [ -z "$label" ] && continue
+  [ -z "$label" ] || [ "${label#\#}" != "$label" ] && continue
   echo "== $label: MOEJIT_TILES='$(echo "$tiles" | xargs)'"
   # shellcheck disable=SC2086
   MOEJIT_TILES="$(echo "$tiles" | xargs)" PYTHONPATH=python timeout "${SWEEP_TIMEOUT:-120}" python3 bench/moe_bench.py \

@@ -60,14 +60,15 @@ struct KernelPlan {
 enum class GemmKernel {
   Simt,        // grouped_gemm.cuh: any dtype, layout, quantization and shape
   TensorCore,  // mma_gemm.cuh: bf16/fp16, nk layout, H and I multiples of 8 (mma.sync, cp.async)
+  Wgmma,       // wgmma_gemm.cuh: as TensorCore, on sm_90a only (warpgroup MMA from shared memory)
 };
 std::string_view to_string(GemmKernel kernel);
 
 struct TileShape {
   GemmKernel kernel = GemmKernel::Simt;
   int bm = 0, bn = 0, bk = 0;          // bn counts output columns (gate and up: 2*bn weight rows)
-  int warps_m = 0, warps_n = 0;        // tensor core: the warp grid of a block
-  int stages = 0;                      // tensor core: cp.async pipeline depth
+  int warps_m = 0, warps_n = 0;        // tensor core: the warp grid of a block (wgmma: bm / 16 x 1)
+  int stages = 0;                      // tensor core and wgmma: cp.async pipeline depth
 };
 
 // A range of token counts that shares one GEMM tiling. GEMM 1 and 2 share the row tile height,
@@ -93,8 +94,9 @@ struct Plan {
 };
 
 // A tile the caller chooses instead of the planner's, for one GEMM of one bucket. Written
-// "<bucket>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<warps_m>x<warps_n>" or
-// "<bucket>.<gemm1|gemm2>=simt:<BM>x<BN>x<BK>"; BN counts output columns.
+// "<bucket>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<warps_m>x<warps_n>",
+// "<bucket>.<gemm1|gemm2>=wg:<BM>x<BN>x64:s<stages>" or "<bucket>.<gemm1|gemm2>=simt:<BM>x<BN>x<BK>";
+// BN counts output columns.
 struct TileOverride {
   std::string bucket;
   bool gemm1 = true;
@@ -109,17 +111,21 @@ std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::strin
 std::string to_string(const TileOverride& tile);
 
 // Tile pairs (GEMM 1, GEMM 2) worth timing for one bucket of `config`, the planner's own first;
-// every pair fits the config and keeps the bucket's row tile. One pair when there is nothing to
-// choose (the SIMT kernels).
-std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& config, const TokenBucket& bucket);
+// every pair fits the config and `arch` and keeps the bucket's row tile. One pair when there is
+// nothing to choose (the SIMT kernels).
+std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& config, const TokenBucket& bucket,
+                                                             const std::string& arch);
 
 // Validates the config (InvalidInput) and plans every kernel. Deterministic. Overrides replace the
 // planner's tiles; an override that names no bucket, does not fit the config, or gives the two
 // GEMMs of a bucket different row tiles is refused (InvalidInput).
 Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& overrides = {});
 
-// The buckets and tiles for a config: a closed-form choice, no tuning table.
-std::vector<TokenBucket> plan_buckets(const MoeConfig& config);
+// The buckets and tiles for a config on `arch`: a closed-form choice, no tuning table.
+std::vector<TokenBucket> plan_buckets(const MoeConfig& config, const std::string& arch);
+
+// Whether `arch` runs the warpgroup-MMA GEMMs (wgmma is sm_90a-specific).
+bool wgmma_arch(const std::string& arch);
 
 // Upper bound of GEMM row tiles for `tokens` tokens with row tile height `bm`:
 // sum_e ceil(count_e / bm) <= ceil(T*K / bm) + E_loc.
@@ -162,7 +168,7 @@ struct WorkspaceOffsets {
 };
 WorkspaceOffsets workspace_offsets(const MoeConfig& config, int64_t tokens);
 
-// "16x32x64 (tensor-core, 6 stages, 1x4 warps)" or "16x64x32 (simt)".
+// "16x32x64 (tensor-core, 6 stages, 1x4 warps)", "128x128x64 (wgmma, 4 stages)" or "16x64x32 (simt)".
 std::string describe(const TileShape& tile);
 
 // Human-readable plan (buckets, kernels with launch rules, workspace for max_tokens).

@@ -167,16 +167,21 @@ bool tensor_core_eligible(const MoeConfig& c) {
          c.weight_layout == WeightLayout::NK && c.hidden % 8 == 0 && c.local_intermediate() % 8 == 0;
 }
 
-// Dynamic shared memory of a tensor-core GEMM (mma_gemm.cuh): kStages stages of the 16-bit A and
-// weight tiles (gated GEMM 1 holds 2 * BN weight rows), then one 8-byte source row index per A row.
+// Dynamic shared memory of a tensor-core GEMM (mma_gemm.cuh, wgmma_gemm.cuh): kStages stages of
+// the 16-bit A and weight tiles (gated GEMM 1 holds 2 * BN weight rows), then one 8-byte source
+// row index per A row; wgmma also 1024 bytes to align its tiles to the swizzle period.
 int tensor_core_shared_bytes(const MoeConfig& c, bool gemm1, const TileShape& t) {
   const int weight_rows = (gemm1 && c.gated ? 2 : 1) * t.bn;
-  return t.stages * (t.bm + weight_rows) * t.bk * 2 + t.bm * 8;
+  return t.stages * (t.bm + weight_rows) * t.bk * 2 + t.bm * 8 + (t.kernel == GemmKernel::Wgmma ? 1024 : 0);
 }
+
+// A wgmma tile: one warpgroup per 64 rows (warps_m = bm / 16 warps in one column).
+TileShape wgmma_tile(int bm, int bn, int stages) { return {GemmKernel::Wgmma, bm, bn, 64, bm / 16, 1, stages}; }
 
 KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   const bool quant = c.quant == Quant::W8A8Int8;
-  const bool tensor_core = tile.kernel == GemmKernel::TensorCore;
+  const bool tensor_core = tile.kernel != GemmKernel::Simt;
+  const bool wgmma = tile.kernel == GemmKernel::Wgmma;
   const int64_t n = gemm1 ? c.local_intermediate() : c.hidden;
   const int64_t k_len = gemm1 ? c.hidden : c.local_intermediate();
   KernelPlan k;
@@ -184,7 +189,10 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.local_experts(), n,
                         k_len, gemm1 ? "_" + activation_tag(c) : "", data_tag(c), to_string(c.weight_layout),
                         tile.bm, tile.bn, tile.bk);
-  if (tensor_core) k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
+  if (wgmma)
+    k.entry += fmt::format("_wg_s{}", tile.stages);
+  else if (tensor_core)
+    k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
   k.unit = "experts";
   k.args_type = "moejit::GemmArgs";
   // GEMM 1 reads hidden rows through the gather unless w8a8 quantized them into sorted order.
@@ -195,8 +203,8 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   if (tensor_core) {
     const int threads = 32 * tile.warps_m * tile.warps_n;
     const int shared = tensor_core_shared_bytes(c, gemm1, tile);
-    k.device_function = "moejit::grouped_gemm_mma";
-    k.header = "moejit/mma_gemm.cuh";
+    k.device_function = wgmma ? "moejit::grouped_gemm_wgmma" : "moejit::grouped_gemm_mma";
+    k.header = wgmma ? "moejit/wgmma_gemm.cuh" : "moejit/mma_gemm.cuh";
     k.spec = {
         {"using", "A", a_type},
         {"using", "W", a_type},
@@ -339,8 +347,15 @@ TileShape tensor_core_tile(const MoeConfig& c, int bm, bool gemm1, bool decode_b
 }  // namespace
 
 std::string_view to_string(GemmKernel kernel) {
-  return kernel == GemmKernel::TensorCore ? "tensor-core" : "simt";
+  switch (kernel) {
+    case GemmKernel::Simt: return "simt";
+    case GemmKernel::TensorCore: return "tensor-core";
+    case GemmKernel::Wgmma: return "wgmma";
+  }
+  return "?";
 }
+
+bool wgmma_arch(const std::string& arch) { return arch == "sm_90a"; }
 
 std::string_view to_string(Stage stage) {
   switch (stage) {
@@ -380,7 +395,7 @@ std::string_view to_string(GridRule rule) {
   return "?";
 }
 
-std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
+std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arch) {
   struct Range {
     const char* name;
     int64_t min, max, representative;
@@ -396,7 +411,11 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c) {
     b.min_tokens = r.min;
     b.max_tokens = r.max;
     b.tuned_tokens = r.representative;
-    if (tensor_core_eligible(c)) {
+    if (tensor_core_eligible(c) && bm == 128 && wgmma_arch(arch)) {
+      // Prefill-sized row tiles on Hopper: warpgroup MMA, 256 weight rows, 4 stages (196 KiB).
+      b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
+      b.gemm2 = wgmma_tile(bm, 256, 4);
+    } else if (tensor_core_eligible(c)) {
       const bool decode = std::string_view(r.name) == "decode";
       b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true, decode);
       b.gemm2 = tensor_core_tile(c, bm, /*gemm1=*/false, decode);
@@ -420,13 +439,13 @@ namespace {
 
 [[noreturn]] void bad_tile(std::string_view source, std::string_view entry, std::string_view why) {
   throw InvalidInput(fmt::format(
-      "{}: '{}' {}; allowed form: <decode|mid|prefill>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<M>x<N> or "
-      "<bucket>.<gemm>=simt:<BM>x<BN>x<BK>, comma-separated",
+      "{}: '{}' {}; allowed form: <decode|mid|prefill>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<M>x<N>, "
+      "<bucket>.<gemm>=wg:<BM>x<BN>x64:s<stages> (sm_90a) or <bucket>.<gemm>=simt:<BM>x<BN>x<BK>, comma-separated",
       source, entry, why));
 }
 
-// Why `t` cannot run GEMM 1 or 2 of `c`, or empty when it can.
-std::string tile_problem(const MoeConfig& c, bool gemm1, const TileShape& t) {
+// Why `t` cannot run GEMM 1 or 2 of `c` on `arch`, or empty when it can.
+std::string tile_problem(const MoeConfig& c, bool gemm1, const TileShape& t, const std::string& arch) {
   const int halves = gemm1 && c.gated ? 2 : 1;
   if (t.bm < kMinRowTile || t.bn <= 0 || t.bk <= 0) return "needs BM >= 16 and positive BN, BK";
   if (t.kernel == GemmKernel::Simt) {
@@ -438,6 +457,16 @@ std::string tile_problem(const MoeConfig& c, bool gemm1, const TileShape& t) {
     return "asks for tensor cores, which need bf16/fp16, no quantization, the nk layout and H, I multiples of 8";
   const int threads = 32 * t.warps_m * t.warps_n, weight_rows = halves * t.bn;
   if (t.bk != 64) return "needs BK = 64";
+  if (t.kernel == GemmKernel::Wgmma) {
+    if (!wgmma_arch(arch)) return fmt::format("asks for wgmma, which needs arch sm_90a (the arch is {})", arch);
+    if (t.bm != 64 && t.bm != 128) return "needs BM 64 or 128 (one warpgroup per 64 rows)";
+    if (weight_rows != 64 && weight_rows != 128 && weight_rows != 256)
+      return "needs (2 if gated GEMM 1) * BN of 64, 128 or 256 (the wgmma N)";
+    if (t.stages < 3) return "needs at least 3 stages";
+    if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "needs warps bm/16 x 1";
+    if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";
+    return {};
+  }
   if (t.stages < 2) return "needs at least 2 stages";
   if (t.warps_m <= 0 || t.warps_n <= 0 || threads > 1024) return "needs 1 to 32 warps";
   if (t.bm % (16 * t.warps_m)) return "needs BM a multiple of 16 * warps_m";
@@ -472,12 +501,21 @@ std::string to_string(const TileOverride& o) {
   std::string out = fmt::format("{}.gemm{}=", o.bucket, o.gemm1 ? 1 : 2);
   if (t.kernel == GemmKernel::TensorCore)
     return out + fmt::format("tc:{}x{}x{}:s{}:w{}x{}", t.bm, t.bn, t.bk, t.stages, t.warps_m, t.warps_n);
+  if (t.kernel == GemmKernel::Wgmma) return out + fmt::format("wg:{}x{}x{}:s{}", t.bm, t.bn, t.bk, t.stages);
   return out + fmt::format("simt:{}x{}x{}", t.bm, t.bn, t.bk);
 }
 
-std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c, const TokenBucket& b) {
+std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c, const TokenBucket& b,
+                                                             const std::string& arch) {
   std::vector<std::pair<TileShape, TileShape>> out = {{b.gemm1, b.gemm2}};
-  if (b.gemm1.kernel != GemmKernel::TensorCore) return out;
+  if (b.gemm1.kernel == GemmKernel::Simt) return out;
+  auto add = [&](const TileShape& g1, const TileShape& g2) {
+    const bool fits = tile_problem(c, true, g1, arch).empty() && tile_problem(c, false, g2, arch).empty();
+    const bool known = std::any_of(out.begin(), out.end(), [&](const auto& p) {
+      return describe(p.first) == describe(g1) && describe(p.second) == describe(g2);
+    });
+    if (fits && !known) out.push_back({g1, g2});
+  };
   // (warps_m, warps_n, stages, weight rows) alternatives per row tile height: narrower or wider
   // weight tiles and shallower or deeper pipelines around the planner's choice.
   struct Shape {
@@ -497,11 +535,14 @@ std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c,
       t = {GemmKernel::TensorCore, b.gemm1.bm, 0, 64, s.warps_m, s.warps_n, s.stages};
       t.bn = (gemm1 && c.gated) ? s.weight_rows / 2 : s.weight_rows;
     }
-    const bool fits = tile_problem(c, true, pair.first).empty() && tile_problem(c, false, pair.second).empty();
-    const bool known = std::any_of(out.begin(), out.end(), [&](const auto& p) {
-      return describe(p.first) == describe(pair.first) && describe(p.second) == describe(pair.second);
-    });
-    if (fits && !known) out.push_back(pair);
+    add(pair.first, pair.second);
+  }
+  // wgmma for the row tiles it takes: 256 or 128 weight rows, one block per SM with deep
+  // pipelines or two (three at 64 rows) with shallow ones that overlap each other's epilogue.
+  if (b.gemm1.bm == 64 || b.gemm1.bm == 128) {
+    const int halves = c.gated ? 2 : 1;
+    for (auto [weight_rows, stages] : {std::pair{256, 4}, {128, 6}, {128, 3}, {256, 3}})
+      add(wgmma_tile(b.gemm1.bm, weight_rows / halves, stages), wgmma_tile(b.gemm1.bm, weight_rows, stages));
   }
   return out;
 }
@@ -527,6 +568,9 @@ std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::strin
     o.tile.bk = parse_int(dims[2], source, entry);
     if (fields[0] == "simt" && fields.size() == 2) {
       o.tile.kernel = GemmKernel::Simt;
+    } else if (fields[0] == "wg" && fields.size() == 3 && fields[2].starts_with("s")) {
+      o.tile = wgmma_tile(o.tile.bm, o.tile.bn, parse_int(fields[2].substr(1), source, entry));
+      o.tile.bk = parse_int(dims[2], source, entry);
     } else if (fields[0] == "tc" && fields.size() == 4 && fields[2].starts_with("s") && fields[3].starts_with("w")) {
       o.tile.kernel = GemmKernel::TensorCore;
       o.tile.stages = parse_int(fields[2].substr(1), source, entry);
@@ -547,12 +591,12 @@ Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vect
   Plan plan;
   plan.config = config;
   plan.arch = arch;
-  plan.buckets = plan_buckets(config);
+  plan.buckets = plan_buckets(config, arch);
   for (const auto& o : overrides) {
     auto b = std::find_if(plan.buckets.begin(), plan.buckets.end(), [&](const auto& x) { return x.name == o.bucket; });
     const std::string entry = fmt::format("{}.gemm{}={}", o.bucket, o.gemm1 ? 1 : 2, describe(o.tile));
     if (b == plan.buckets.end()) throw InvalidInput(fmt::format("tiles: '{}' names no bucket; allowed: decode, mid, prefill", entry));
-    const std::string problem = tile_problem(config, o.gemm1, o.tile);
+    const std::string problem = tile_problem(config, o.gemm1, o.tile, arch);
     if (!problem.empty()) throw InvalidInput(fmt::format("tiles: '{}' {}", entry, problem));
     (o.gemm1 ? b->gemm1 : b->gemm2) = o.tile;
   }
@@ -679,6 +723,8 @@ std::string describe(const TileShape& t) {
   std::string out = fmt::format("{}x{}x{}", t.bm, t.bn, t.bk);
   if (t.kernel == GemmKernel::TensorCore)
     out += fmt::format(" ({}, {} stages, {}x{} warps)", to_string(t.kernel), t.stages, t.warps_m, t.warps_n);
+  else if (t.kernel == GemmKernel::Wgmma)
+    out += fmt::format(" ({}, {} stages)", to_string(t.kernel), t.stages);
   else
     out += fmt::format(" ({})", to_string(t.kernel));
   return out;

@@ -170,7 +170,7 @@ TuneReport autotune(const MoeConfig& config, int device) {
   const Plan plan = make_plan(config, report.arch);
   int64_t tokens_needed = 0;
   for (const auto& b : plan.buckets)
-    if (tile_candidates(config, b).size() > 1) tokens_needed = std::max(tokens_needed, b.tuned_tokens);
+    if (tile_candidates(config, b, report.arch).size() > 1) tokens_needed = std::max(tokens_needed, b.tuned_tokens);
   if (tokens_needed == 0) {
     report.why_not_stored = "nothing to tune: this config runs the SIMT GEMMs, which have one tile choice";
     return report;
@@ -202,7 +202,7 @@ TuneReport autotune(const MoeConfig& config, int device) {
   if (config.topk_method == TopkMethod::NoauxTc) in.e_score_correction_bias = static_cast<const float*>(bias.get());
 
   for (const auto& b : plan.buckets) {
-    const auto candidates = tile_candidates(config, b);
+    const auto candidates = tile_candidates(config, b, report.arch);
     double best_ms = std::numeric_limits<double>::infinity();
     std::vector<TileOverride> best;
     for (const auto& candidate : candidates) {

@@ -20,28 +20,10 @@
 //   kSharedBytes: the dynamic shared memory the launch provides
 #pragma once
 
-#include "moejit/common.cuh"
+#include "moejit/gemm_tiles.cuh"
 
 namespace moejit {
 namespace mma_detail {
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; zero-fills the destination when !valid (the source is
-// then not read, but must still be a mapped address).
-__device__ __forceinline__ void copy_16_async(unsigned dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int PENDING>
-__device__ __forceinline__ void wait_async() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
 
 __device__ __forceinline__ void load_matrix_x4(unsigned address, unsigned (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -67,23 +49,12 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Element offset of (row, 16-byte chunk) in a tile of 64-element rows. The chunk is XORed with
-// the row's low three bits so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
-__device__ __forceinline__ int swizzled(int row, int chunk) { return row * 64 + ((chunk ^ (row & 7)) << 3); }
-
-template <typename T>
-__device__ __forceinline__ void store_pair(T* at, float x, float y) {
-  struct alignas(4) Pair {
-    T lo, hi;
-  };
-  *reinterpret_cast<Pair*>(at) = Pair{from_float<T>(x), from_float<T>(y)};
-}
-
 }  // namespace mma_detail
 
 template <typename Spec>
 __device__ void grouped_gemm_mma(const GemmArgs& args) {
   using namespace mma_detail;
+  using namespace tile;
   using T = typename Spec::A;
   constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK, STAGES = Spec::kStages;
   constexpr int WARPS_M = Spec::kWarpsM, WARPS_N = Spec::kWarpsN, THREADS = 32 * WARPS_M * WARPS_N;
@@ -99,7 +70,6 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
   constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
   static_assert(BK == 64, "the swizzle assumes 64-element (128-byte) rows");
-  static_assert(K % 8 == 0, "rows are copied in 16-byte chunks");
   static_assert(WARP_ROWS % 16 == 0 && WARP_COLS % 8 == 0 && FRAGS % 2 == 0, "warp tile shape");
   static_assert(STAGES >= 2, "a pipeline needs two stages");
   static_assert(sizeof(T) == 2, "16-bit operands only");
@@ -112,14 +82,8 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
 
   // Grouped rasterization of the 1-D grid (see the header).
-  const int max_tiles = static_cast<int>(gridDim.x) / COL_TILES;
-  const int group_blocks = Spec::kGroupRows * COL_TILES;
-  const int group = static_cast<int>(blockIdx.x) / group_blocks;
-  const int first_tile = group * Spec::kGroupRows;
-  const int group_rows = min(max_tiles - first_tile, Spec::kGroupRows);
-  const int in_group = static_cast<int>(blockIdx.x) - group * group_blocks;
-  const int tile = first_tile + in_group % group_rows;
-  const int col_tile = in_group / group_rows;
+  const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
+  const int tile = at.tile, col_tile = at.col_tile;
   if (tile >= *args.num_tiles) return;
 
   const int expert = args.tile_expert[tile];
@@ -128,56 +92,13 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   const long long n0 = static_cast<long long>(col_tile) * BN;
 
   // Source row of each tile row, resolved once: the gather of GEMM 1 happens here.
-  for (int i = threadIdx.x; i < BM; i += THREADS) {
-    long long src = -1;
-    if (i < rows) src = Spec::kGather ? args.sorted_pair[row0 + i] / Spec::kTopk : row0 + i;
-    a_row[i] = src;
-  }
-  __syncthreads();
+  resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);
 
   const T* a = static_cast<const T*>(args.a);
   const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * EXPERT_W_ROWS * K;
 
-  // Each thread copies the same 16-byte chunk column of fixed tile rows in every stage, so its
-  // source rows are resolved once here; a stage only adds k0. Null marks a row past the tile's
-  // rows (A) or a column past N (W): those chunks are zero-filled.
-  constexpr int A_COPIES = BM * 8 / THREADS, W_COPIES = TILE_W_ROWS * 8 / THREADS, ROW_STEP = THREADS / 8;
-  static_assert(BM * 8 % THREADS == 0 && TILE_W_ROWS * 8 % THREADS == 0, "copies split evenly over threads");
-  const int chunk = threadIdx.x & 7, first_row = threadIdx.x >> 3;
-  const T* a_src[A_COPIES];
-  const T* w_src[W_COPIES];
-#pragma unroll
-  for (int i = 0; i < A_COPIES; ++i) {
-    const long long src = a_row[first_row + i * ROW_STEP];
-    a_src[i] = src >= 0 ? a + src * K + chunk * 8 : nullptr;
-  }
-#pragma unroll
-  for (int i = 0; i < W_COPIES; ++i) {
-    const int r = first_row + i * ROW_STEP;
-    const int half = r / BN;
-    const long long col = n0 + (r - half * BN);
-    w_src[i] = col < N ? w + (half * N + col) * K + chunk * 8 : nullptr;
-  }
-
-  // One pipeline stage: the A rows and the weight rows of k-tile kt, zero-filled past the edges.
-  auto load_stage = [&](int slot, int kt) {
-    const long long k0 = static_cast<long long>(kt) * BK;
-    const bool k_valid = k0 + chunk * 8 < K;
-    T* as = a_smem + slot * A_STAGE;
-    T* ws = w_smem + slot * W_STAGE;
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-      const bool valid = k_valid && a_src[i] != nullptr;
-      copy_16_async(shared_address(as + swizzled(first_row + i * ROW_STEP, chunk)), valid ? a_src[i] + k0 : a,
-                    valid);
-    }
-#pragma unroll
-    for (int i = 0; i < W_COPIES; ++i) {
-      const bool valid = k_valid && w_src[i] != nullptr;
-      copy_16_async(shared_address(ws + swizzled(first_row + i * ROW_STEP, chunk)), valid ? w_src[i] + k0 : w,
-                    valid);
-    }
-  };
+  const TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(a, w, a_row, n0);
+  auto load_stage = [&](int slot, int kt) { loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt); };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;

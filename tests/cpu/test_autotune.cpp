@@ -13,10 +13,11 @@ namespace moejit {
 namespace {
 
 TEST(TileCandidates, PlannersFirstEveryOneValidAndDistinct) {
+  for (const std::string arch : {"sm_90a", "sm_80"})
   for (const auto& name : preset_names()) {
     const MoeConfig c = preset(name);
-    for (const TokenBucket& b : plan_buckets(c)) {
-      const auto candidates = tile_candidates(c, b);
+    for (const TokenBucket& b : plan_buckets(c, arch)) {
+      const auto candidates = tile_candidates(c, b, arch);
       ASSERT_FALSE(candidates.empty());
       EXPECT_EQ(describe(candidates[0].first), describe(b.gemm1)) << name << " " << b.name;
       EXPECT_EQ(describe(candidates[0].second), describe(b.gemm2)) << name << " " << b.name;
@@ -25,20 +26,22 @@ TEST(TileCandidates, PlannersFirstEveryOneValidAndDistinct) {
       for (const auto& [g1, g2] : candidates) {
         EXPECT_EQ(g1.bm, b.gemm1.bm);
         EXPECT_TRUE(seen.insert(describe(g1) + describe(g2)).second) << "duplicate " << describe(g1);
-        EXPECT_NO_THROW(make_plan(c, "sm_90a", {{b.name, true, g1}, {b.name, false, g2}}))
+        if (arch != "sm_90a") EXPECT_NE(g1.kernel, GemmKernel::Wgmma) << "wgmma is sm_90a-only";
+        EXPECT_NO_THROW(make_plan(c, arch, {{b.name, true, g1}, {b.name, false, g2}}))
             << name << " " << b.name << " " << describe(g1) << " / " << describe(g2);
       }
     }
   }
   MoeConfig fp32 = preset("qwen3-30b-a3b");
   fp32.dtype = fp32.router_dtype = DType::FP32;
-  for (const TokenBucket& b : plan_buckets(fp32)) EXPECT_EQ(tile_candidates(fp32, b).size(), 1u) << b.name;
+  for (const TokenBucket& b : plan_buckets(fp32, "sm_90a"))
+    EXPECT_EQ(tile_candidates(fp32, b, "sm_90a").size(), 1u) << b.name;
 }
 
 TEST(TileCandidates, OverrideTextRoundTrips) {
   const MoeConfig c = preset("mixtral-8x7b");
-  for (const TokenBucket& b : plan_buckets(c))
-    for (const auto& [g1, g2] : tile_candidates(c, b))
+  for (const TokenBucket& b : plan_buckets(c, "sm_90a"))
+    for (const auto& [g1, g2] : tile_candidates(c, b, "sm_90a"))
       for (const TileOverride& o : {TileOverride{b.name, true, g1}, TileOverride{b.name, false, g2}}) {
         const auto parsed = parse_tile_overrides(to_string(o));
         ASSERT_EQ(parsed.size(), 1u);

@@ -108,12 +108,19 @@ TEST(Planner, MaxRowTilesBoundsEveryRouting) {
 }
 
 TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
-  auto kinds = [](const MoeConfig& c) {
+  auto kinds = [](const MoeConfig& c, const std::string& arch = "sm_80") {
     std::set<GemmKernel> k;
-    for (const auto& b : plan_buckets(c)) k.insert({b.gemm1.kernel, b.gemm2.kernel});
+    for (const auto& b : plan_buckets(c, arch)) k.insert({b.gemm1.kernel, b.gemm2.kernel});
     return k;
   };
-  for (const auto& name : preset_names()) EXPECT_EQ(kinds(preset(name)), std::set{GemmKernel::TensorCore}) << name;
+  for (const auto& name : preset_names()) {
+    EXPECT_EQ(kinds(preset(name)), std::set{GemmKernel::TensorCore}) << name;
+    // On Hopper the prefill bucket (128-row tiles) takes warpgroup MMA, the rest mma.sync.
+    EXPECT_EQ(kinds(preset(name), "sm_90a"), (std::set{GemmKernel::TensorCore, GemmKernel::Wgmma})) << name;
+    const TokenBucket prefill = plan_buckets(preset(name), "sm_90a").back();
+    EXPECT_EQ(prefill.gemm1.kernel, GemmKernel::Wgmma) << name;
+    EXPECT_EQ(prefill.gemm2.kernel, GemmKernel::Wgmma) << name;
+  }
   MoeConfig c = preset("qwen3-30b-a3b");
   c.dtype = DType::FP16;
   EXPECT_EQ(kinds(c), std::set{GemmKernel::TensorCore});
@@ -126,6 +133,7 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
     MoeConfig d = preset("qwen3-30b-a3b");
     change(d);
     EXPECT_EQ(kinds(d), std::set{GemmKernel::Simt}) << describe(d);
+    EXPECT_EQ(kinds(d, "sm_90a"), std::set{GemmKernel::Simt}) << describe(d);
   }
 }
 
@@ -170,6 +178,12 @@ TEST(Planner, BadTileOverridesAreRefusedWithTheReason) {
       {c, "decode.gemm1=tc:8x32x64:s3:w1x2", "BM >= 16"},
       {fp32, "prefill.gemm1=tc:128x64x64:s3:w2x4", "tensor cores"},
       {c, "prefill.gemm1=simt:128x64x64", "48 KiB"},
+      {c, "prefill.gemm1=wg:128x128x64", "names no kernel form"},
+      {c, "prefill.gemm1=wg:32x64x64:s4", "BM 64 or 128"},
+      {c, "prefill.gemm1=wg:128x96x64:s4", "64, 128 or 256"},
+      {c, "prefill.gemm1=wg:128x128x64:s2", "at least 3 stages"},
+      {c, "prefill.gemm2=wg:128x256x64:s5", "227 KiB"},
+      {fp32, "prefill.gemm1=wg:128x128x64:s4", "tensor cores"},
   };
   for (const auto& k : cases) {
     try {
@@ -179,6 +193,32 @@ TEST(Planner, BadTileOverridesAreRefusedWithTheReason) {
       EXPECT_NE(std::string(e.what()).find(k.message), std::string::npos) << k.text << ": " << e.what();
     }
   }
+  // wgmma is sm_90a's alone.
+  EXPECT_THROW(
+      {
+        try {
+          make_plan(c, "sm_80", parse_tile_overrides("prefill.gemm1=wg:128x128x64:s4"));
+        } catch (const InvalidInput& e) {
+          EXPECT_NE(std::string(e.what()).find("needs arch sm_90a (the arch is sm_80)"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      InvalidInput);
+}
+
+TEST(Planner, WgmmaTilesKeepTheirShapeInTheKernelPlan) {
+  const MoeConfig c = preset("mixtral-8x7b");
+  Plan plan = make_plan(c, "sm_90a", parse_tile_overrides("mid.gemm1=wg:64x64x64:s6, mid.gemm2=wg:64x128x64:s3"));
+  const TokenBucket& mid = plan.bucket_for(256);
+  EXPECT_EQ(describe(mid.gemm1), "64x64x64 (wgmma, 6 stages)");
+  const KernelPlan& g1 = plan.kernel(mid.gemm1_entry);
+  EXPECT_EQ(g1.device_function, "moejit::grouped_gemm_wgmma");
+  EXPECT_EQ(g1.launch.threads, 128);  // one warpgroup per 64 rows
+  EXPECT_EQ(g1.launch.per_block, 64);
+  EXPECT_EQ(g1.launch.shared_bytes, 6 * (64 + 128) * 128 + 64 * 8 + 1024);
+  const KernelPlan& prefill_g2 = plan.kernel(plan.bucket_for(4096).gemm2_entry);
+  EXPECT_EQ(prefill_g2.launch.threads, 256);
+  EXPECT_EQ(prefill_g2.launch.shared_bytes, 4 * (128 + 256) * 128 + 128 * 8 + 1024);
 }
 
 TEST(Workspace, IsAPureFunctionWithAlignedDisjointBuffers) {

@@ -73,10 +73,11 @@ TEST(TileCandidates, EveryCandidateMatchesTheReference) {
   b.dtype = b.router_dtype = DType::FP16;
   Seeds seeds;
   std::set<int> row_tiles;
+  std::set<GemmKernel> kernels;
   for (const MoeConfig& c : {a, b}) {
-    for (const TokenBucket& bucket : plan_buckets(c)) {
+    for (const TokenBucket& bucket : plan_buckets(c, default_arch())) {
       const int64_t T = std::min<int64_t>(bucket.max_tokens, bucket.min_tokens + 37);
-      for (const auto& [gemm1, gemm2] : tile_candidates(c, bucket)) {
+      for (const auto& [gemm1, gemm2] : tile_candidates(c, bucket, default_arch())) {
         LayerOptions options;
         options.tiles = {{bucket.name, true, gemm1}, {bucket.name, false, gemm2}};
         auto layer = Layer::create(c, options);
@@ -84,10 +85,14 @@ TEST(TileCandidates, EveryCandidateMatchesTheReference) {
         EXPECT_TRUE(run_and_check(*layer, p)) << short_config(c) << " T=" << T << " gemm1 " << describe(gemm1)
                                               << " gemm2 " << describe(gemm2);
         row_tiles.insert(gemm1.bm);
+        kernels.insert({gemm1.kernel, gemm2.kernel});
       }
     }
   }
   EXPECT_EQ(row_tiles, (std::set<int>{16, 32, 64, 128}));
+  if (wgmma_arch(default_arch())) {
+    EXPECT_TRUE(kernels.count(GemmKernel::Wgmma)) << "no wgmma tile was run";
+  }
 }
 
 // autotune stores its choice, and Layer::create on this device then plans with it.
@@ -96,8 +101,8 @@ TEST(Autotune, StoresTheFastestTilesAndCreateUsesThem) {
   const TuneReport report = autotune(c, 0);
   ASSERT_FALSE(report.stored_in.empty()) << report.why_not_stored;
   size_t candidates = 0;
-  const std::vector<TokenBucket> buckets = plan_buckets(c);
-  for (const auto& bucket : buckets) candidates += tile_candidates(c, bucket).size();
+  const std::vector<TokenBucket> buckets = plan_buckets(c, default_arch());
+  for (const auto& bucket : buckets) candidates += tile_candidates(c, bucket, default_arch()).size();
   EXPECT_EQ(report.timings.size(), candidates);
   ASSERT_EQ(report.chosen.size(), 2 * buckets.size());
   for (const auto& t : report.timings) EXPECT_GT(t.ms, 0.0) << t.tiles;

@@ -1,0 +1,128 @@
+// What both tensor-core grouped GEMMs (mma_gemm.cuh, wgmma_gemm.cuh) share: the grouped
+// rasterization of their 1-D grid, the source row of every tile row (GEMM 1's gather), 16-byte
+// cp.async copies into 128-byte-swizzled shared tiles, and paired 16-bit stores.
+#pragma once
+
+#include "moejit/common.cuh"
+
+namespace moejit {
+namespace tile {
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; zero-fills the destination when !valid (the source is
+// then not read, but must still be a mapped address).
+__device__ __forceinline__ void copy_16_async(unsigned dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int PENDING>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+// Element offset of (row, 16-byte chunk) in a tile of 64-element (128-byte) rows. The chunk is
+// XORed with the row's low three bits: ldmatrix's 8 rows of one phase fall in 8 bank groups, and
+// a tile that starts on a 1024-byte boundary is exactly Hopper's 128-byte swizzle layout.
+__device__ __forceinline__ int swizzled(int row, int chunk) { return row * 64 + ((chunk ^ (row & 7)) << 3); }
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* at, float x, float y) {
+  struct alignas(4) Pair {
+    T lo, hi;
+  };
+  *reinterpret_cast<Pair*>(at) = Pair{from_float<T>(x), from_float<T>(y)};
+}
+
+// The (row tile, column tile) of this block in a 1-D grid of max_row_tiles * col_tiles blocks,
+// in groups of GROUP_ROWS row tiles: within a group the row tile runs fastest, so the row tiles of
+// one expert that are resident together share each weight tile through L2, and a group's
+// activation rows stay in L2 while every column tile passes over them.
+struct Position {
+  int tile, col_tile;
+};
+
+template <int GROUP_ROWS>
+__device__ __forceinline__ Position grouped_position(int col_tiles) {
+  const int max_tiles = static_cast<int>(gridDim.x) / col_tiles;
+  const int group_blocks = GROUP_ROWS * col_tiles;
+  const int group = static_cast<int>(blockIdx.x) / group_blocks;
+  const int first_tile = group * GROUP_ROWS;
+  const int group_rows = min(max_tiles - first_tile, GROUP_ROWS);
+  const int in_group = static_cast<int>(blockIdx.x) - group * group_blocks;
+  return {first_tile + in_group % group_rows, in_group / group_rows};
+}
+
+// The source row of each of the BM tile rows (-1 past the tile's `rows`): GEMM 1 gathers hidden
+// rows of the pairs' tokens, GEMM 2 reads its own sorted rows. Ends with a block barrier.
+template <int BM, int THREADS, bool GATHER, int TOPK>
+__device__ __forceinline__ void resolve_source_rows(const GemmArgs& args, long long row0, int rows,
+                                                    long long* a_row) {
+  for (int i = threadIdx.x; i < BM; i += THREADS) {
+    long long src = -1;
+    if (i < rows) src = GATHER ? args.sorted_pair[row0 + i] / TOPK : row0 + i;
+    a_row[i] = src;
+  }
+  __syncthreads();
+}
+
+// Copies k-tiles of a block's A rows and weight rows into 128-byte-swizzled shared tiles of
+// 64-element rows (BM A rows; HALVES * BN weight rows: the gate rows, then the up rows of the same
+// columns). Each thread copies the same 16-byte chunk column of fixed tile rows in every stage, so
+// its source rows are resolved once here and a stage only adds k0. Null marks a row past the
+// tile's rows (A) or a column past N (W): those chunks, and those past K, are zero-filled.
+template <typename T, int BM, int BN, int HALVES, int THREADS, long long N, long long K>
+struct TileLoader {
+  static constexpr int W_ROWS = HALVES * BN;
+  static constexpr int A_COPIES = BM * 8 / THREADS, W_COPIES = W_ROWS * 8 / THREADS, ROW_STEP = THREADS / 8;
+  static_assert(BM * 8 % THREADS == 0 && W_ROWS * 8 % THREADS == 0, "copies split evenly over threads");
+  static_assert(K % 8 == 0, "rows are copied in 16-byte chunks");
+
+  const T* a_src[A_COPIES];
+  const T* w_src[W_COPIES];
+  const T* mapped;  // any mapped address, for the zero-filling copies
+  int chunk, first_row;
+
+  // a: the A matrix; w: this expert's [HALVES * N, K] weights; a_row: resolve_source_rows' table.
+  __device__ __forceinline__ TileLoader(const T* a, const T* w, const long long* a_row, long long n0)
+      : mapped(w), chunk(threadIdx.x & 7), first_row(threadIdx.x >> 3) {
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+      const long long src = a_row[first_row + i * ROW_STEP];
+      a_src[i] = src >= 0 ? a + src * K + chunk * 8 : nullptr;
+    }
+#pragma unroll
+    for (int i = 0; i < W_COPIES; ++i) {
+      const int r = first_row + i * ROW_STEP;
+      const int half = r / BN;
+      const long long col = n0 + (r - half * BN);
+      w_src[i] = col < N ? w + (half * N + col) * K + chunk * 8 : nullptr;
+    }
+  }
+
+  // Issues the copies of k-tile kt (64 columns) into the stage tiles `as` and `ws` (not committed).
+  __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
+    const long long k0 = static_cast<long long>(kt) * 64;
+    const bool k_valid = k0 + chunk * 8 < K;
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+      const bool valid = k_valid && a_src[i] != nullptr;
+      copy_16_async(shared_address(as + swizzled(first_row + i * ROW_STEP, chunk)), valid ? a_src[i] + k0 : mapped,
+                    valid);
+    }
+#pragma unroll
+    for (int i = 0; i < W_COPIES; ++i) {
+      const bool valid = k_valid && w_src[i] != nullptr;
+      copy_16_async(shared_address(ws + swizzled(first_row + i * ROW_STEP, chunk)), valid ? w_src[i] + k0 : mapped,
+                    valid);
+    }
+  }
+};
+
+}  // namespace tile
+}  // namespace moejit

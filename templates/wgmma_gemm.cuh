@@ -1,0 +1,213 @@
+// Stages 4 and 5 on Hopper's warpgroup MMA (sm_90a only): the grouped GEMM of grouped_gemm.cuh,
+// C[p, n] = sum_k A[p, k] * W[e, n, k], for bf16/fp16 operands in the nk layout, fp32 accumulate.
+// For the prefill bucket, where mma.sync's register-fed tensor cores top out near 45% of the
+// H200's matmul rate.
+//
+// Each warpgroup (128 threads) owns 64 rows of the block's BM-row tile and issues
+// wgmma.mma_async m64nNk16 with both operands read from shared memory through matrix descriptors,
+// N = the tile's weight rows (the gate and up rows of BN columns for gated GEMM 1: BN <= 128;
+// BN <= 256 otherwise). The tiles sit in shared memory in the 128-byte swizzle layout; a cp.async
+// pipeline of kStages stages keeps kStages - 2 k-tiles of loads in flight while one wgmma group
+// runs, so the slot being refilled is always one no wgmma still reads.
+//
+// It fuses what mma_gemm.cuh fuses: GEMM 1's gather is in its cp.async loads; act(gate) * up is
+// applied to the accumulators (a thread holds the gate and the up value of the same column);
+// GEMM 2 stores Y in sorted order for the fixed-order combine. Grid: as mma_gemm.cuh (1-D,
+// grouped rasterization; blocks past *num_tiles exit).
+//
+// Spec:
+//   using A, W, Out (one 16-bit type: __nv_bfloat16 or __half)
+//   kBM (64 or 128: one warpgroup per 64 rows; threads = 2 * kBM), kWarpsM = kBM / 16, kWarpsN = 1,
+//   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128 or 256), kBK = 64, kStages >= 3, kGroupRows
+//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
+//   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
+//   table and 1024 bytes to align the tiles to the swizzle period)
+#pragma once
+
+#include "moejit/gemm_tiles.cuh"
+
+#define MOEJIT_WGMMA_D64 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+    "}"
+#define MOEJIT_WGMMA_D128 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+    "}"
+#define MOEJIT_WGMMA_D256 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+    "}"
+#define MOEJIT_WGMMA_F8(i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MOEJIT_WGMMA_F32(i) MOEJIT_WGMMA_F8(i), MOEJIT_WGMMA_F8(i + 8), MOEJIT_WGMMA_F8(i + 16), MOEJIT_WGMMA_F8(i + 24)
+#define MOEJIT_WGMMA_F64(i) MOEJIT_WGMMA_F32(i), MOEJIT_WGMMA_F32(i + 32)
+#define MOEJIT_WGMMA_F128(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F64(i + 64)
+
+namespace moejit {
+namespace wgmma_detail {
+
+// D[64 x N] += A[64 x 16] * B[N x 16]^T, both K-major in shared memory (descriptors a, b).
+#define MOEJIT_WGMMA_OP(N, FLOATS, A_ARG, B_ARG, ONE_ARG, PTX_TYPE, C_TYPE)                                   \
+  __device__ __forceinline__ void mma_async(float(&d)[FLOATS], unsigned long long a, unsigned long long b,      \
+                                            const C_TYPE*) {                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ONE_ARG ", 0;\n"                                        \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " MOEJIT_WGMMA_D##N \
+                 ", %" #A_ARG ", %" #B_ARG ", p, 1, 1, 0, 0;\n}\n"                                             \
+                 : MOEJIT_WGMMA_F##FLOATS(0)                                                                   \
+                 : "l"(a), "l"(b), "r"(1));                                                                    \
+  }
+MOEJIT_WGMMA_OP(64, 32, 32, 33, 34, "bf16", __nv_bfloat16)
+MOEJIT_WGMMA_OP(128, 64, 64, 65, 66, "bf16", __nv_bfloat16)
+MOEJIT_WGMMA_OP(256, 128, 128, 129, 130, "bf16", __nv_bfloat16)
+MOEJIT_WGMMA_OP(64, 32, 32, 33, 34, "f16", __half)
+MOEJIT_WGMMA_OP(128, 64, 64, 65, 66, "f16", __half)
+MOEJIT_WGMMA_OP(256, 128, 128, 129, 130, "f16", __half)
+#undef MOEJIT_WGMMA_OP
+
+// Matrix descriptor (PTX ISA, "shared memory matrix layout") of a K-major tile of 64-element rows
+// in the 128-byte swizzle layout: 8-row groups 1024 bytes apart (stride byte offset), the leading
+// byte offset unused by this layout (1 by convention), swizzle mode 1 = 128 bytes.
+__device__ __forceinline__ unsigned long long descriptor(const void* tile_start) {
+  const unsigned long long address = tile::shared_address(tile_start);
+  return ((address & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// cp.async writes through the generic proxy and wgmma reads through the async proxy: each
+// thread's landed copies are made visible to the async proxy before the barrier that publishes them.
+__device__ __forceinline__ void fence_shared_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Pins the accumulators in place: the compiler may not move their reads or writes across this
+// point, so nothing touches them while a wgmma that owns them is in flight.
+template <int FLOATS>
+__device__ __forceinline__ void fence_accumulators(float (&d)[FLOATS]) {
+#pragma unroll
+  for (int i = 0; i < FLOATS; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+}  // namespace wgmma_detail
+
+template <typename Spec>
+__device__ void grouped_gemm_wgmma(const GemmArgs& args) {
+  using namespace wgmma_detail;
+  using namespace tile;
+  using T = typename Spec::A;
+  constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK, STAGES = Spec::kStages;
+  constexpr int THREADS = 2 * BM;             // one warpgroup per 64 rows
+  constexpr int HALVES = Spec::kGated ? 2 : 1;  // gate rows, then up rows of the same columns
+  constexpr int W_ROWS = HALVES * BN;         // the wgmma's N
+  constexpr int FLOATS = W_ROWS / 2;          // accumulators per thread: 64 x W_ROWS over 128 threads
+  constexpr long long N = Spec::kN, K = Spec::kK;
+  constexpr int A_STAGE = BM * BK, W_STAGE = W_ROWS * BK;  // elements
+  constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
+  constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
+  static_assert(BM == 64 || BM == 128, "one or two warpgroups of 64 rows");
+  static_assert(W_ROWS == 64 || W_ROWS == 128 || W_ROWS == 256, "wgmma N of 64, 128 or 256");
+  static_assert(BK == 64, "the 128-byte swizzle holds 64-element rows");
+  static_assert(STAGES >= 3, "kStages - 2 stages of loads in flight");
+  static_assert(sizeof(T) == 2, "16-bit operands only");
+  static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + 1024 <= Spec::kSharedBytes,
+                "the launch's shared memory must hold the pipeline");
+
+  // The swizzle pattern repeats every 1024 bytes and the descriptors address tiles from such a
+  // boundary; every stage tile is a multiple of 1024 bytes.
+  extern __shared__ __align__(1024) unsigned char shared_raw[];
+  unsigned char* shared_base = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  T* a_smem = reinterpret_cast<T*>(shared_base);
+  T* w_smem = a_smem + STAGES * A_STAGE;
+  long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
+
+  const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
+  if (at.tile >= *args.num_tiles) return;
+  const int expert = args.tile_expert[at.tile];
+  const long long row0 = args.tile_row[at.tile];
+  const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
+  const long long n0 = static_cast<long long>(at.col_tile) * BN;
+  resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);
+
+  const T* a = static_cast<const T*>(args.a);
+  const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
+  const TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(a, w, a_row, n0);
+
+  const int warpgroup = threadIdx.x / 128;
+  float acc[FLOATS];
+#pragma unroll
+  for (int i = 0; i < FLOATS; ++i) acc[i] = 0.0f;
+
+  constexpr int AHEAD = STAGES - 2;  // k-tiles of loads in flight
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < K_TILES) loader.load(a_smem + s * A_STAGE, w_smem + s * W_STAGE, s);
+    commit_async();  // an empty group keeps the wait counts uniform
+  }
+
+  int read_slot = 0, write_slot = AHEAD;  // kt % STAGES and (kt + AHEAD) % STAGES
+  for (int kt = 0; kt < K_TILES; ++kt) {
+    wait_async<AHEAD - 1>();  // this thread's copies of k-tile kt have landed
+    fence_shared_for_async();
+    // Every thread's copies of k-tile kt are visible, and every warpgroup has retired the wgmma
+    // group of k-tile kt - 2, the last reader of the slot refilled next.
+    __syncthreads();
+    if (kt + AHEAD < K_TILES) loader.load(a_smem + write_slot * A_STAGE, w_smem + write_slot * W_STAGE, kt + AHEAD);
+    commit_async();
+    write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
+
+    const T* as = a_smem + read_slot * A_STAGE + warpgroup * 64 * BK;
+    const T* ws = w_smem + read_slot * W_STAGE;
+    read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
+    fence_accumulators(acc);
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)  // 16 elements = 32 bytes along the swizzled rows
+      mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const T*>(nullptr));
+    commit();
+    wait<1>();  // the group of k-tile kt - 1 is done; kt's runs on while the next loads issue
+    fence_accumulators(acc);
+  }
+  wait<0>();
+  fence_accumulators(acc);
+
+  // Epilogue. Thread (warp w of its warpgroup, lane l) holds rows 16 w + l / 4 and 8 more, columns
+  // 8 j + 2 (l % 4) and the next, of every 8-column group j: acc[4 j + 2 h + {0, 1}] for row half h.
+  // Gated: group j < BN / 8 is the gate of output columns 8 j.., group j + BN / 8 their up rows.
+  const int lane = threadIdx.x % 32;
+  const int row_base = warpgroup * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
+  T* out = static_cast<T*>(args.out);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const long long col = n0 + j * 8 + (lane % 4) * 2;
+    if (col >= N) continue;  // N is even, so col + 1 < N too
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_base + h * 8;
+      if (r >= rows) continue;
+      float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+      if constexpr (Spec::kGemm1) {
+        x = activate<Spec::kAct>(x);
+        y = activate<Spec::kAct>(y);
+        if constexpr (Spec::kGated) {
+          x *= acc[4 * (j + BN / 8) + 2 * h];
+          y *= acc[4 * (j + BN / 8) + 2 * h + 1];
+        }
+      }
+      store_pair(out + (row0 + r) * N + col, x, y);
+    }
+  }
+}
+
+}  // namespace moejit
