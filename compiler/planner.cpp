@@ -169,14 +169,17 @@ bool tensor_core_eligible(const MoeConfig& c) {
 
 // Dynamic shared memory of a tensor-core GEMM (mma_gemm.cuh, wgmma_gemm.cuh): kStages stages of
 // the 16-bit A and weight tiles (gated GEMM 1 holds 2 * BN weight rows), then one 8-byte source
-// row index per A row; wgmma also 1024 bytes to align its tiles to the swizzle period.
+// row index per A row; wgmma also two 8-byte mbarriers per stage and 1024 bytes to align its tiles
+// to the swizzle period.
 int tensor_core_shared_bytes(const MoeConfig& c, bool gemm1, const TileShape& t) {
   const int weight_rows = (gemm1 && c.gated ? 2 : 1) * t.bn;
-  return t.stages * (t.bm + weight_rows) * t.bk * 2 + t.bm * 8 + (t.kernel == GemmKernel::Wgmma ? 1024 : 0);
+  const int pipeline = t.stages * (t.bm + weight_rows) * t.bk * 2 + t.bm * 8;
+  return pipeline + (t.kernel == GemmKernel::Wgmma ? t.stages * 16 + 1024 : 0);
 }
 
-// A wgmma tile: one warpgroup per 64 rows (warps_m = bm / 16 warps in one column).
-TileShape wgmma_tile(int bm, int bn, int stages) { return {GemmKernel::Wgmma, bm, bn, 64, bm / 16, 1, stages}; }
+// A wgmma tile: a consumer warpgroup per 64 rows and one producer warpgroup
+// (warps_m = bm / 16 + 4 warps in one column).
+TileShape wgmma_tile(int bm, int bn, int stages) { return {GemmKernel::Wgmma, bm, bn, 64, bm / 16 + 4, 1, stages}; }
 
 KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   const bool quant = c.quant == Quant::W8A8Int8;
@@ -462,8 +465,8 @@ std::string tile_problem(const MoeConfig& c, bool gemm1, const TileShape& t, con
     if (t.bm != 64 && t.bm != 128) return "needs BM 64 or 128 (one warpgroup per 64 rows)";
     if (weight_rows != 64 && weight_rows != 128 && weight_rows != 256)
       return "needs (2 if gated GEMM 1) * BN of 64, 128 or 256 (the wgmma N)";
-    if (t.stages < 3) return "needs at least 3 stages";
-    if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "needs warps bm/16 x 1";
+    if (t.stages < 2) return "needs at least 2 stages";
+    if (t.warps_m != t.bm / 16 + 4 || t.warps_n != 1) return "needs warps (bm/16 + 4) x 1";
     if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";
     return {};
   }

@@ -73,8 +73,9 @@ __device__ __forceinline__ void resolve_source_rows(const GemmArgs& args, long l
 
 // Copies k-tiles of a block's A rows and weight rows into 128-byte-swizzled shared tiles of
 // 64-element rows (BM A rows; HALVES * BN weight rows: the gate rows, then the up rows of the same
-// columns). Each thread copies the same 16-byte chunk column of fixed tile rows in every stage, so
-// its source rows are resolved once here and a stage only adds k0. Null marks a row past the
+// columns), by THREADS threads numbered 0.. (`thread`). Each thread copies the same 16-byte chunk
+// column of fixed tile rows in every stage, so its source rows are resolved once here and a stage
+// only adds k0. Null marks a row past the
 // tile's rows (A) or a column past N (W): those chunks, and those past K, are zero-filled.
 template <typename T, int BM, int BN, int HALVES, int THREADS, long long N, long long K>
 struct TileLoader {
@@ -89,8 +90,8 @@ struct TileLoader {
   int chunk, first_row;
 
   // a: the A matrix; w: this expert's [HALVES * N, K] weights; a_row: resolve_source_rows' table.
-  __device__ __forceinline__ TileLoader(const T* a, const T* w, const long long* a_row, long long n0)
-      : mapped(w), chunk(threadIdx.x & 7), first_row(threadIdx.x >> 3) {
+  __device__ __forceinline__ TileLoader(const T* a, const T* w, const long long* a_row, long long n0, int thread)
+      : mapped(w), chunk(thread & 7), first_row(thread >> 3) {
 #pragma unroll
     for (int i = 0; i < A_COPIES; ++i) {
       const long long src = a_row[first_row + i * ROW_STEP];

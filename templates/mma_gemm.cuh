@@ -97,7 +97,7 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   const T* a = static_cast<const T*>(args.a);
   const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * EXPERT_W_ROWS * K;
 
-  const TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(a, w, a_row, n0);
+  const TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(a, w, a_row, n0, threadIdx.x);
   auto load_stage = [&](int slot, int kt) { loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt); };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

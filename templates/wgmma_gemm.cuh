@@ -3,12 +3,14 @@
 // For the prefill bucket, where mma.sync's register-fed tensor cores top out near 45% of the
 // H200's matmul rate.
 //
-// Each warpgroup (128 threads) owns 64 rows of the block's BM-row tile and issues
-// wgmma.mma_async m64nNk16 with both operands read from shared memory through matrix descriptors,
-// N = the tile's weight rows (the gate and up rows of BN columns for gated GEMM 1: BN <= 128;
-// BN <= 256 otherwise). The tiles sit in shared memory in the 128-byte swizzle layout; a cp.async
-// pipeline of kStages stages keeps kStages - 2 k-tiles of loads in flight while one wgmma group
-// runs, so the slot being refilled is always one no wgmma still reads.
+// Warp-specialized: BM / 64 consumer warpgroups (128 threads each) own 64 rows of the block's
+// BM-row tile each and issue wgmma.mma_async m64nNk16 with both operands read from shared memory
+// through matrix descriptors, N = the tile's weight rows (the gate and up rows of BN columns for
+// gated GEMM 1: BN <= 128; BN <= 256 otherwise). One producer warpgroup copies k-tiles into a ring
+// of kStages shared-memory stages (128-byte swizzle layout) with cp.async; stage hand-offs are
+// mbarriers: "full" completes when the producer's copies of a stage land, "empty" when every
+// consumer warp has retired the wgmma group that read it. Consumers keep one wgmma group in flight,
+// the producer runs up to kStages k-tiles ahead, and nobody waits at a block-wide barrier.
 //
 // It fuses what mma_gemm.cuh fuses: GEMM 1's gather is in its cp.async loads; act(gate) * up is
 // applied to the accumulators (a thread holds the gate and the up value of the same column);
@@ -17,11 +19,12 @@
 //
 // Spec:
 //   using A, W, Out (one 16-bit type: __nv_bfloat16 or __half)
-//   kBM (64 or 128: one warpgroup per 64 rows; threads = 2 * kBM), kWarpsM = kBM / 16, kWarpsN = 1,
+//   kBM (64 or 128: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer warps
+//   and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
 //   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128 or 256), kBK = 64, kStages >= 3, kGroupRows
 //   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
-//   table and 1024 bytes to align the tiles to the swizzle period)
+//   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
 #pragma once
 
 #include "moejit/gemm_tiles.cuh"
@@ -88,9 +91,33 @@ __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 }
 
-// cp.async writes through the generic proxy and wgmma reads through the async proxy: each
-// thread's landed copies are made visible to the async proxy before the barrier that publishes them.
+// cp.async writes through the generic proxy and wgmma reads through the async proxy: a consumer
+// that has seen a stage's copies land makes them visible to its async proxy before its wgmma.
 __device__ __forceinline__ void fence_shared_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void barrier_init(unsigned long long* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tile::shared_address(bar)), "r"(arrivals) : "memory");
+}
+
+// Blocks until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nmoejit_wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra moejit_wait;\n}\n" ::"r"(tile::shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile::shared_address(bar)) : "memory");
+}
+
+// Arrives on the barrier once every cp.async this thread issued so far has landed (.noinc: the
+// arrival counts against the count the barrier was initialized with).
+__device__ __forceinline__ void barrier_arrive_when_copied(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(tile::shared_address(bar)) : "memory");
+}
 
 // Pins the accumulators in place: the compiler may not move their reads or writes across this
 // point, so nothing touches them while a wgmma that owns them is in flight.
@@ -108,20 +135,23 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   using namespace tile;
   using T = typename Spec::A;
   constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK, STAGES = Spec::kStages;
-  constexpr int THREADS = 2 * BM;             // one warpgroup per 64 rows
+  constexpr int CONSUMERS = BM / 64;            // consumer warpgroups; the producer comes after them
+  constexpr int THREADS = 128 * (CONSUMERS + 1);
   constexpr int HALVES = Spec::kGated ? 2 : 1;  // gate rows, then up rows of the same columns
-  constexpr int W_ROWS = HALVES * BN;         // the wgmma's N
-  constexpr int FLOATS = W_ROWS / 2;          // accumulators per thread: 64 x W_ROWS over 128 threads
+  constexpr int W_ROWS = HALVES * BN;           // the wgmma's N
+  constexpr int FLOATS = W_ROWS / 2;            // accumulators per thread: 64 x W_ROWS over 128 threads
   constexpr long long N = Spec::kN, K = Spec::kK;
   constexpr int A_STAGE = BM * BK, W_STAGE = W_ROWS * BK;  // elements
   constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
   constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
-  static_assert(BM == 64 || BM == 128, "one or two warpgroups of 64 rows");
+  static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups of 64 rows");
+  static_assert(32 * Spec::kWarpsM * Spec::kWarpsN == THREADS, "the launch's threads");
   static_assert(W_ROWS == 64 || W_ROWS == 128 || W_ROWS == 256, "wgmma N of 64, 128 or 256");
   static_assert(BK == 64, "the 128-byte swizzle holds 64-element rows");
-  static_assert(STAGES >= 3, "kStages - 2 stages of loads in flight");
+  static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert(sizeof(T) == 2, "16-bit operands only");
-  static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + 1024 <= Spec::kSharedBytes,
+  static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 + 1024 <=
+                    Spec::kSharedBytes,
                 "the launch's shared memory must hold the pipeline");
 
   // The swizzle pattern repeats every 1024 bytes and the descriptors address tiles from such a
@@ -131,6 +161,8 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   T* a_smem = reinterpret_cast<T*>(shared_base);
   T* w_smem = a_smem + STAGES * A_STAGE;
   long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(a_row + BM);
+  unsigned long long* empty = full + STAGES;
 
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
   if (at.tile >= *args.num_tiles) return;
@@ -138,46 +170,51 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   const long long row0 = args.tile_row[at.tile];
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   const long long n0 = static_cast<long long>(at.col_tile) * BN;
-  resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);
-
-  const T* a = static_cast<const T*>(args.a);
-  const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
-  const TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(a, w, a_row, n0);
+  if (threadIdx.x < STAGES) {
+    barrier_init(full + threadIdx.x, 128);             // every producer thread's copies
+    barrier_init(empty + threadIdx.x, 4 * CONSUMERS);  // every consumer warp
+  }
+  resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
   const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == CONSUMERS) {
+    // Producer: fills slot kt % STAGES once the consumers have emptied its previous use.
+    const T* a = static_cast<const T*>(args.a);
+    const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
+    const TileLoader<T, BM, BN, HALVES, 128, N, K> loader(a, w, a_row, n0, threadIdx.x - 128 * CONSUMERS);
+    int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
+    for (int kt = 0; kt < K_TILES; ++kt) {
+      if (round > 0) barrier_wait(empty + slot, (round - 1) & 1);
+      loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt);
+      barrier_arrive_when_copied(full + slot);
+      if (++slot == STAGES) slot = 0, ++round;
+    }
+    wait_async<0>();  // no copy outlives its thread
+    return;
+  }
+
+  // Consumers.
   float acc[FLOATS];
 #pragma unroll
   for (int i = 0; i < FLOATS; ++i) acc[i] = 0.0f;
-
-  constexpr int AHEAD = STAGES - 2;  // k-tiles of loads in flight
-#pragma unroll
-  for (int s = 0; s < AHEAD; ++s) {
-    if (s < K_TILES) loader.load(a_smem + s * A_STAGE, w_smem + s * W_STAGE, s);
-    commit_async();  // an empty group keeps the wait counts uniform
-  }
-
-  int read_slot = 0, write_slot = AHEAD;  // kt % STAGES and (kt + AHEAD) % STAGES
+  const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp on "empty"
+  int slot = 0, round = 0, previous = STAGES - 1;  // kt % STAGES, kt / STAGES, (kt - 1) % STAGES
   for (int kt = 0; kt < K_TILES; ++kt) {
-    wait_async<AHEAD - 1>();  // this thread's copies of k-tile kt have landed
+    barrier_wait(full + slot, round & 1);
     fence_shared_for_async();
-    // Every thread's copies of k-tile kt are visible, and every warpgroup has retired the wgmma
-    // group of k-tile kt - 2, the last reader of the slot refilled next.
-    __syncthreads();
-    if (kt + AHEAD < K_TILES) loader.load(a_smem + write_slot * A_STAGE, w_smem + write_slot * W_STAGE, kt + AHEAD);
-    commit_async();
-    write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
-
-    const T* as = a_smem + read_slot * A_STAGE + warpgroup * 64 * BK;
-    const T* ws = w_smem + read_slot * W_STAGE;
-    read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
+    const T* as = a_smem + slot * A_STAGE + warpgroup * 64 * BK;
+    const T* ws = w_smem + slot * W_STAGE;
     fence_accumulators(acc);
     fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)  // 16 elements = 32 bytes along the swizzled rows
       mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const T*>(nullptr));
     commit();
-    wait<1>();  // the group of k-tile kt - 1 is done; kt's runs on while the next loads issue
+    wait<1>();  // the group of k-tile kt - 1 is done; kt's runs on
     fence_accumulators(acc);
+    if (kt > 0 && arrives) barrier_arrive(empty + previous);
+    previous = slot;
+    if (++slot == STAGES) slot = 0, ++round;
   }
   wait<0>();
   fence_accumulators(acc);
