@@ -414,8 +414,10 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
     b.min_tokens = r.min;
     b.max_tokens = r.max;
     b.tuned_tokens = r.representative;
-    if (tensor_core_eligible(c) && bm == 128 && wgmma_arch(arch)) {
-      // Prefill-sized row tiles on Hopper: warpgroup MMA, 256 weight rows, 4 stages (196 KiB).
+    if (tensor_core_eligible(c) && bm >= 64 && wgmma_arch(arch)) {
+      // Row tiles of 64 and 128 on Hopper: warpgroup MMA, 256 weight rows, 4 stages (162 and
+      // 194 KiB). Measured on the H200 (bench/RESULTS.md): Mixtral T=4096 8.7 -> 5.2 ms against
+      // the best mma.sync tile, T=256 0.98 -> 0.83 ms.
       b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
       b.gemm2 = wgmma_tile(bm, 256, 4);
     } else if (tensor_core_eligible(c)) {

@@ -1,7 +1,7 @@
 // Stages 4 and 5 on Hopper's warpgroup MMA (sm_90a only): the grouped GEMM of grouped_gemm.cuh,
 // C[p, n] = sum_k A[p, k] * W[e, n, k], for bf16/fp16 operands in the nk layout, fp32 accumulate.
-// For the prefill bucket, where mma.sync's register-fed tensor cores top out near 45% of the
-// H200's matmul rate.
+// For row tiles of 64 and 128 (mid and prefill buckets), where mma.sync's register-fed tensor
+// cores top out near 45% of the H200's matmul rate.
 //
 // Warp-specialized: BM / 64 consumer warpgroups (128 threads each) own 64 rows of the block's
 // BM-row tile each and issue wgmma.mma_async m64nNk16 with both operands read from shared memory
