@@ -20,9 +20,9 @@ decode-narrow | qwen3-30b-a3b mixtral-8x7b | 1 16 | decode.gemm1=tc:16x16x64:s8:
 '
 list="${candidates:+$(cat "$candidates")}"
 list="${list:-$default_candidates}"
-echo "$list" | while IFS='|' read -r label presets tokens tiles; do
+echo "$list" | grep -v '^[[:space:]]*#' | while IFS='|' read -r label presets tokens tiles; do
   label="$(echo "$label" | xargs)"
-  [ -z "$label" ] || [ "${label#\#}" != "$label" ] && continue
+  [ -z "$label" ] && continue
   echo "== $label: MOEJIT_TILES='$(echo "$tiles" | xargs)'"
   # shellcheck disable=SC2086
   MOEJIT_TILES="$(echo "$tiles" | xargs)" PYTHONPATH=python timeout "${SWEEP_TIMEOUT:-120}" python3 bench/moe_bench.py \
