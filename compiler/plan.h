@@ -67,7 +67,7 @@ std::string_view to_string(GemmKernel kernel);
 struct TileShape {
   GemmKernel kernel = GemmKernel::Simt;
   int bm = 0, bn = 0, bk = 0;          // bn counts output columns (gate and up: 2*bn weight rows)
-  int warps_m = 0, warps_n = 0;        // tensor core: the warp grid of a block (wgmma: bm / 16 x 1)
+  int warps_m = 0, warps_n = 0;        // tensor core: the warp grid of a block (wgmma: bm / 16 + 4 x 1)
   int stages = 0;                      // tensor core and wgmma: cp.async pipeline depth
 };
 

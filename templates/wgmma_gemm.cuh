@@ -21,7 +21,7 @@
 //   using A, W, Out (one 16-bit type: __nv_bfloat16 or __half)
 //   kBM (64 or 128: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer warps
 //   and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
-//   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128 or 256), kBK = 64, kStages >= 3, kGroupRows
+//   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128 or 256), kBK = 64, kStages >= 2, kGroupRows
 //   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
 //   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
@@ -156,7 +156,8 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
 
   // The swizzle pattern repeats every 1024 bytes and the descriptors address tiles from such a
   // boundary; every stage tile is a multiple of 1024 bytes.
-  extern __shared__ __align__(1024) unsigned char shared_raw[];
+  // (Declared as in mma_gemm.cuh, which may share the unit; the 1024-byte alignment is done here.)
+  extern __shared__ __align__(128) unsigned char shared_raw[];
   unsigned char* shared_base = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
   T* a_smem = reinterpret_cast<T*>(shared_base);
   T* w_smem = a_smem + STAGES * A_STAGE;
@@ -189,7 +190,8 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
       barrier_arrive_when_copied(full + slot);
       if (++slot == STAGES) slot = 0, ++round;
     }
-    wait_async<0>();  // no copy outlives its thread
+    // The producer may exit with copies in flight: they land in shared memory of a block that
+    // lives on, since every consumer waits on their "full" barrier before it finishes.
     return;
   }
 

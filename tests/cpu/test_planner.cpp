@@ -115,7 +115,8 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
   };
   for (const auto& name : preset_names()) {
     EXPECT_EQ(kinds(preset(name)), std::set{GemmKernel::TensorCore}) << name;
-    // On Hopper the prefill bucket (128-row tiles) takes warpgroup MMA, the rest mma.sync.
+    // On Hopper the 64- and 128-row tiles (prefill, and mid where experts see many rows) take
+    // warpgroup MMA, the rest mma.sync.
     EXPECT_EQ(kinds(preset(name), "sm_90a"), (std::set{GemmKernel::TensorCore, GemmKernel::Wgmma})) << name;
     const TokenBucket prefill = plan_buckets(preset(name), "sm_90a").back();
     EXPECT_EQ(prefill.gemm1.kernel, GemmKernel::Wgmma) << name;
