@@ -544,7 +544,7 @@ std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c,
   }
   // wgmma for the row tiles it takes: 256 or 128 weight rows, deep or shallow pipelines. (The
   // shallow ones fit twice in shared memory, but registers keep the 128-row ones at one block per
-  // SM and the 64-row ones at two: measured slower on the H200, kept for other parts.)
+  // SM and the 64-row ones at two: slower on the H200, kept as autotune candidates.)
   if (b.gemm1.bm == 64 || b.gemm1.bm == 128) {
     const int halves = c.gated ? 2 : 1;
     for (auto [weight_rows, stages] : {std::pair{256, 4}, {128, 6}, {128, 3}, {256, 3}})
