@@ -1,7 +1,8 @@
 // Stages 1 and 2 in one launch for small batches (the decode bucket): one block routes every
 // token (a warp per token, kWarps warps), then its first warp runs the index steps of index.cuh
-// (count, scan, scatter) over all T*K <= kPairsPerBlock pairs as the single index block. Three of
-// a decode layer's seven launches disappear, and with them the gaps between dependent kernels.
+// (count, scan, scatter) over all T*K <= kPairsPerBlock pairs, in shared memory
+// (index_single_block). Three of a decode layer's seven launches disappear, and with them the
+// gaps between dependent kernels.
 // The result is bitwise the one of the separate kernels (same routing code, same stable order).
 //
 // With args.route == 0 the routing is given (topk_ids / topk_weights already hold it: the
@@ -30,13 +31,7 @@ __device__ void route_and_index(const RouteIndexArgs& args) {
     __syncthreads();  // every token's ids are written (and visible to the block) before indexing
   }
   if (warp != 0) return;
-  // index_count / index_scan / index_scatter as block 0 of a one-block grid; each step reads
-  // what the previous one wrote to global memory, in this same warp.
-  index_count<Spec>(args.index);
-  __syncwarp();
-  index_scan<Spec>(args.index);
-  __syncwarp();
-  index_scatter<Spec>(args.index);
+  index_single_block<Spec>(args.index);
 }
 
 }  // namespace moejit
