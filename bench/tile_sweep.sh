@@ -2,8 +2,9 @@
 # Times candidate GEMM tiles (MOEJIT_TILES) against the planner's choice with bench/moe_bench.py,
 # one benchmark process per candidate. Each line of the candidate file ($1, else $SWEEP_FILE, else
 # the list below; bench/sweeps/ holds the ones run) is
-#   label | presets | token counts | MOEJIT_TILES value (empty: the planner's tiles)
-# and lines starting with # are comments.
+#   label | presets | token counts | MOEJIT_TILES value (empty: the planner's tiles) [| VAR=value ...]
+# (the optional last field: more environment for that process, e.g. MOEJIT_PDL=0), and lines
+# starting with # are comments.
 # Results: $OUT/sweep-<label>.md and a one-table summary on stdout.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,12 +21,12 @@ decode-narrow | qwen3-30b-a3b mixtral-8x7b | 1 16 | decode.gemm1=tc:16x16x64:s8:
 '
 list="${candidates:+$(cat "$candidates")}"
 list="${list:-$default_candidates}"
-echo "$list" | grep -v '^[[:space:]]*#' | while IFS='|' read -r label presets tokens tiles; do
+echo "$list" | grep -v '^[[:space:]]*#' | while IFS='|' read -r label presets tokens tiles environment; do
   label="$(echo "$label" | xargs)"
   [ -z "$label" ] && continue
-  echo "== $label: MOEJIT_TILES='$(echo "$tiles" | xargs)'"
+  echo "== $label: MOEJIT_TILES='$(echo "$tiles" | xargs)' $(echo "$environment" | xargs)"
   # shellcheck disable=SC2086
-  MOEJIT_TILES="$(echo "$tiles" | xargs)" PYTHONPATH=python timeout "${SWEEP_TIMEOUT:-120}" python3 bench/moe_bench.py \
+  env $environment MOEJIT_TILES="$(echo "$tiles" | xargs)" PYTHONPATH=python timeout "${SWEEP_TIMEOUT:-120}" python3 bench/moe_bench.py \
     --quick --no-hf --presets $presets --tokens $tokens --out "$out/sweep-$label.md" >/dev/null 2>&1 \
     || echo "   (failed or timed out: status $?)"
   grep -E "^## |^\| [0-9]+ \|" "$out/sweep-$label.md" 2>/dev/null | cut -d'|' -f2,3,5,8,10,11 | sed 's/^/   /'

@@ -51,9 +51,13 @@ std::string spec_struct(const KernelPlan& k) {
 
 // NOTES: minBlocksPerSM 1 is spelled out: without it NVRTC's ptxas capped the fused route+index
 // kernel at 40-48 registers and spilled, although its launch bound allowed far more.
+// Every entry first waits for the kernel before it in the stream (common.cuh: the runtime may
+// launch it while that kernel still runs), then lets the next one launch.
 std::string entry_point(const KernelPlan& k) {
   return fmt::format(
       "extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const {} args) {{\n"
+      "  moejit::wait_for_previous_kernel();\n"
+      "  moejit::allow_next_kernel_launch();\n"
       "  {}<moejit_generated::{}>(args);\n}}\n",
       k.launch.threads, k.entry, k.args_type, k.device_function, k.spec_name);
 }

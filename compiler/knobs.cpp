@@ -70,6 +70,7 @@ Knobs Knobs::from_environment() {
   if (k.repro_dir.empty()) k.repro_dir = env("TMPDIR");
   if (k.repro_dir.empty()) k.repro_dir = "/tmp";
   k.tiles = env("MOEJIT_TILES");
+  k.programmatic_launch = env_flag("MOEJIT_PDL", true);
   k.backend = env("MOEJIT_BACKEND");
   if (k.backend.empty()) k.backend = "auto";
   if (k.backend != "auto" && k.backend != "jit" && k.backend != "ixformer")
@@ -94,6 +95,8 @@ std::vector<std::vector<std::string>> Knobs::table() const {
       {"MOEJIT_LINEINFO", lineinfo ? "1" : "0", "compile with -lineinfo (changes the binary; in the cache key)"},
       {"MOEJIT_REPRO_DIR", repro_dir, "where a failed compile is saved for reproduction"},
       {"MOEJIT_TILES", tiles, "GEMM tile overrides, e.g. prefill.gemm1=tc:128x128x64:s3:w2x4 (see `moejit dump-source --plan`)"},
+      {"MOEJIT_PDL", programmatic_launch ? "1" : "0",
+       "1: a layer's kernels after its first start while the previous one drains (sm_90+); 0: plain stream order"},
       {"MOEJIT_BACKEND", backend, "auto | jit | ixformer (auto: ixformer on Iluvatar devices, else the JIT)"},
   };
 }

@@ -22,6 +22,7 @@ struct Knobs {
   std::string repro_dir;          // MOEJIT_REPRO_DIR: where failed compiles are saved (default $TMPDIR or /tmp)
   std::string backend = "auto";   // MOEJIT_BACKEND: auto | jit | ixformer (runtime/backend_select.h)
   std::string tiles;              // MOEJIT_TILES: GEMM tiles instead of the planner's (plan.h TileOverride)
+  bool programmatic_launch = true;  // MOEJIT_PDL=0: launch a layer's kernels without overlap (runtime/layer.cpp)
 
   // Reads the environment. Throws InvalidInput naming the variable when a value does not parse.
   static Knobs from_environment();

@@ -12,6 +12,7 @@
 
 #include "cache/kernel_cache.h"
 #include "compiler/error.h"
+#include "compiler/knobs.h"
 #include "compiler/layer_compiler.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
@@ -64,6 +65,20 @@ struct LoadedContext {
 
 bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
 
+// Whether the plan's arch has programmatic dependent launch (sm_90 and later).
+bool has_programmatic_launch(const std::string& arch) {
+  return arch.starts_with("sm_") && std::atoi(arch.c_str() + 3) >= 90;
+}
+
+// The launches of one layer call. Every launch after the first may overlap the drain of the one
+// before it (programmatic dependent launch: common.cuh's wait_for_previous_kernel() keeps the
+// order of memory accesses); the first follows the caller's work in plain stream order, whatever
+// that work is (a kernel, a copy, an event wait).
+struct LaunchSequence {
+  bool programmatic;  // the device and the knob allow overlap
+  bool started = false;
+};
+
 constexpr const char* kCaptureMessage =
     "moejit: cannot compile or load kernels while a stream is being captured; warm up before graph "
     "capture (create the layer and run forward once before capturing)";
@@ -92,7 +107,8 @@ class LayerImpl final : public Layer {
       : compiled_(std::move(compiled)),
         roles_(find_roles(compiled_.plan)),
         device_(device),
-        retained_primary_(retained_primary) {
+        retained_primary_(retained_primary),
+        programmatic_launch_(knobs().programmatic_launch && has_programmatic_launch(compiled_.plan.arch)) {
     load(context);
   }
 
@@ -118,19 +134,18 @@ class LayerImpl final : public Layer {
     check_routing_arguments(tokens, in.router_logits, in.e_score_correction_bias);
     const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
-    CUstream stream = static_cast<CUstream>(stream_handle);
-    const std::vector<CUfunction>& fn = functions_for(stream);
+    Launcher run = begin_call(stream_handle);
     char* ws = static_cast<char*>(workspace);
     float* weights = reinterpret_cast<float*>(ws + o.topk_weights);
     int* ids = reinterpret_cast<int*>(ws + o.topk_ids);
     if (fused_route_index(tokens)) {
       const RouteArgs routing{in.router_logits, in.e_score_correction_bias, weights, ids, tokens};
-      launch_route_index(fn, stream, tokens, &routing, ids, ws, o);
+      launch_route_index(run, tokens, &routing, ids, ws, o);
     } else {
-      launch_routing(fn, stream, tokens, in.router_logits, in.e_score_correction_bias, weights, ids);
-      launch_index(fn, stream, tokens, ids, ws, o);
+      launch_routing(run, tokens, in.router_logits, in.e_score_correction_bias, weights, ids);
+      launch_index(run, tokens, ids, ws, o);
     }
-    launch_experts(fn, stream, tokens, ids, weights, in, output, ws, o);
+    launch_experts(run, tokens, ids, weights, in, output, ws, o);
   }
 
   void route(void* stream_handle, int64_t tokens, const void* router_logits, const float* bias, float* topk_weights,
@@ -139,8 +154,8 @@ class LayerImpl final : public Layer {
     check_pointer(topk_weights, "topk_weights", 4);
     check_pointer(topk_ids, "topk_ids", 4);
     if (tokens == 0) return;
-    CUstream stream = static_cast<CUstream>(stream_handle);
-    launch_routing(functions_for(stream), stream, tokens, router_logits, bias, topk_weights, topk_ids);
+    Launcher run = begin_call(stream_handle);
+    launch_routing(run, tokens, router_logits, bias, topk_weights, topk_ids);
   }
 
   void experts(void* stream_handle, int64_t tokens, const int* topk_ids, const float* topk_weights,
@@ -149,15 +164,14 @@ class LayerImpl final : public Layer {
     check_pointer(topk_weights, "topk_weights", 4);
     const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
-    CUstream stream = static_cast<CUstream>(stream_handle);
-    const std::vector<CUfunction>& fn = functions_for(stream);
+    Launcher run = begin_call(stream_handle);
     char* ws = static_cast<char*>(workspace);
     if (single_block_index(tokens)) {
-      launch_route_index(fn, stream, tokens, nullptr, topk_ids, ws, o);
+      launch_route_index(run, tokens, nullptr, topk_ids, ws, o);
     } else {
-      launch_index(fn, stream, tokens, topk_ids, ws, o);
+      launch_index(run, tokens, topk_ids, ws, o);
     }
-    launch_experts(fn, stream, tokens, topk_ids, topk_weights, in, output, ws, o);
+    launch_experts(run, tokens, topk_ids, topk_weights, in, output, ws, o);
   }
 
  private:
@@ -165,10 +179,21 @@ class LayerImpl final : public Layer {
     int64_t x, y;
   };
 
+  // One layer call's launches: the context's functions, the caller's stream, the sequence.
+  struct Launcher {
+    const std::vector<CUfunction>& functions;
+    CUstream stream;
+    LaunchSequence sequence;
+  };
+
+  Launcher begin_call(void* stream_handle) const {
+    return Launcher{functions_for(stream_handle), static_cast<CUstream>(stream_handle), {programmatic_launch_}};
+  }
+
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
   template <typename Args>
-  void launch(const std::vector<CUfunction>& fn, int kernel, CUstream stream, Grid grid, Args* args) const {
+  void launch(Launcher& run, int kernel, Grid grid, Args* args) const {
     const KernelPlan& k = plan().kernels[kernel];
     CUlaunchConfig config{};
     config.gridDimX = static_cast<unsigned>(grid.x);
@@ -178,9 +203,17 @@ class LayerImpl final : public Layer {
     config.blockDimY = 1;
     config.blockDimZ = 1;
     config.sharedMemBytes = static_cast<unsigned>(k.launch.shared_bytes);
-    config.hStream = stream;
+    config.hStream = run.stream;
+    CUlaunchAttribute overlap{};
+    overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    overlap.value.programmaticStreamSerializationAllowed = 1;
+    if (run.sequence.programmatic && run.sequence.started) {
+      config.attrs = &overlap;
+      config.numAttrs = 1;
+    }
+    run.sequence.started = true;
     void* params[] = {args};
-    CUresult r = cuda_driver().launch_kernel_ex(&config, fn[kernel], params, nullptr);
+    CUresult r = cuda_driver().launch_kernel_ex(&config, run.functions[kernel], params, nullptr);
     if (r != CUDA_SUCCESS) check_cuda(r, k.entry.c_str());
   }
 
@@ -192,11 +225,11 @@ class LayerImpl final : public Layer {
     return {row_tiles, column_tiles};
   }
 
-  void launch_routing(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const void* logits,
-                      const float* bias, float* weights, int* ids) const {
+  void launch_routing(Launcher& run, int64_t tokens, const void* logits, const float* bias, float* weights,
+                      int* ids) const {
     RouteArgs route{logits, bias, weights, ids, tokens};
     const int64_t tokens_per_block = plan().kernels[roles_.routing].launch.per_block;
-    launch(fn, roles_.routing, stream, {ceil_div(tokens, tokens_per_block), 1}, &route);
+    launch(run, roles_.routing, {ceil_div(tokens, tokens_per_block), 1}, &route);
   }
 
   // The index steps fit one block (route_index.cuh) when every pair is in the first index block.
@@ -225,25 +258,23 @@ class LayerImpl final : public Layer {
   }
 
   // routing == null: the routing is given in ids (experts()), index only.
-  void launch_route_index(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const RouteArgs* routing,
-                          const int* ids, char* ws, const WorkspaceOffsets& o) const {
+  void launch_route_index(Launcher& run, int64_t tokens, const RouteArgs* routing, const int* ids, char* ws,
+                          const WorkspaceOffsets& o) const {
     RouteIndexArgs args{routing ? *routing : RouteArgs{}, index_args(tokens, ids, ws, o), routing ? 1 : 0};
-    launch(fn, roles_.route_index, stream, {1, 1}, &args);
+    launch(run, roles_.route_index, {1, 1}, &args);
   }
 
-  void launch_index(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const int* ids, char* ws,
-                    const WorkspaceOffsets& o) const {
+  void launch_index(Launcher& run, int64_t tokens, const int* ids, char* ws, const WorkspaceOffsets& o) const {
     IndexArgs index = index_args(tokens, ids, ws, o);
     const int64_t index_blocks = ceil_div(index.pairs, kPairsPerIndexBlock);
-    launch(fn, roles_.index_count, stream, {index_blocks, 1}, &index);
-    launch(fn, roles_.index_scan, stream, {1, 1}, &index);
-    launch(fn, roles_.index_scatter, stream, {index_blocks, 1}, &index);
+    launch(run, roles_.index_count, {index_blocks, 1}, &index);
+    launch(run, roles_.index_scan, {1, 1}, &index);
+    launch(run, roles_.index_scatter, {index_blocks, 1}, &index);
   }
 
   // Stages 3-6, after the index.
-  void launch_experts(const std::vector<CUfunction>& fn, CUstream stream, int64_t tokens, const int* ids,
-                      const float* weights, const LayerInputs& in, void* output, char* ws,
-                      const WorkspaceOffsets& o) const {
+  void launch_experts(Launcher& run, int64_t tokens, const int* ids, const float* weights, const LayerInputs& in,
+                      void* output, char* ws, const WorkspaceOffsets& o) const {
     const MoeConfig& c = config();
     const Plan& p = plan();
     const bool w8a8 = c.quant == Quant::W8A8Int8;
@@ -260,29 +291,29 @@ class LayerImpl final : public Layer {
       QuantizeArgs expand{in.hidden,         ints(o.sorted_pair),    ids,
                           ints(o.expert_offsets), c.first_local_expert(), in.input_smooth,
                           reinterpret_cast<signed char*>(buf(o.a_q)), floats(o.a_scale)};
-      launch(fn, roles_.quantize_expand, stream, {pairs, 1}, &expand);
+      launch(run, roles_.quantize_expand, {pairs, 1}, &expand);
     }
 
     GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
                    in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
                    ints(o.num_tiles), ints(o.expert_offsets)};
-    launch(fn, roles_.gemm1[bucket], stream, gemm_grid(roles_.gemm1[bucket], row_tiles, c.local_intermediate()),
+    launch(run, roles_.gemm1[bucket], gemm_grid(roles_.gemm1[bucket], row_tiles, c.local_intermediate()),
            &gemm1);
 
     if (w8a8) {
       QuantizeArgs requant{buf(o.act_f32),         ints(o.sorted_pair), ids, ints(o.expert_offsets),
                            c.first_local_expert(), nullptr,             reinterpret_cast<signed char*>(buf(o.act_q)),
                            floats(o.act_scale)};
-      launch(fn, roles_.quantize_act, stream, {pairs, 1}, &requant);
+      launch(run, roles_.quantize_act, {pairs, 1}, &requant);
     }
 
     GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
                    nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
                    ints(o.expert_offsets)};
-    launch(fn, roles_.gemm2[bucket], stream, gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
+    launch(run, roles_.gemm2[bucket], gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
 
     CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
-    launch(fn, roles_.combine, stream, {tokens, ceil_div(c.hidden, p.kernels[roles_.combine].launch.per_block)},
+    launch(run, roles_.combine, {tokens, ceil_div(c.hidden, p.kernels[roles_.combine].launch.per_block)},
            &combine);
   }
 
@@ -333,8 +364,9 @@ class LayerImpl final : public Layer {
   }
 
   // The functions of the stream's context, loading the modules there on first use.
-  const std::vector<CUfunction>& functions_for(CUstream stream) const {
+  const std::vector<CUfunction>& functions_for(void* stream_handle) const {
     const CudaDriver& d = cuda_driver();
+    CUstream stream = static_cast<CUstream>(stream_handle);
     CUcontext context = nullptr;
     if (stream) {
       check_cuda(d.stream_get_ctx(stream, &context), "cuStreamGetCtx");
@@ -406,6 +438,7 @@ class LayerImpl final : public Layer {
   Roles roles_;
   CUdevice device_;
   bool retained_primary_;
+  bool programmatic_launch_;  // LaunchSequence::programmatic
   mutable std::mutex mutex_;
   // A deque: forward keeps a reference to its context's functions while another thread may load
   // a new context, and push_back on a deque never moves the existing elements.

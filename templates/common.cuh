@@ -55,6 +55,27 @@ __device__ __forceinline__ float activate(float x) {
   }
 }
 
+// Programmatic dependent launch (sm_90 and later). The runtime launches every kernel of a layer
+// call after the first with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: its blocks may
+// be scheduled once every block of the kernel before it has called allow_next_kernel_launch(),
+// which hides the launch and the drain of one kernel behind the next. So every entry point waits,
+// before it touches global memory, until the previous kernel has completed and its writes are
+// visible; that kernel waited for its own predecessor, so the whole chain before it is done too.
+// Without the launch attribute (or before sm_90) the wait returns at once.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Lets the next kernel in the stream launch early. Called right after the wait: the next kernel's
+// blocks then only take SM slots that this kernel's blocks, all already resident, do not need.
+__device__ __forceinline__ void allow_next_kernel_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ unsigned lanemask_lt() {
   unsigned mask;
   asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
