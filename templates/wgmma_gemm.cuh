@@ -171,9 +171,12 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   const long long row0 = args.tile_row[at.tile];
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   const long long n0 = static_cast<long long>(at.col_tile) * BN;
+  // An expert's last tile often has 64 rows or fewer: a consumer warpgroup whose rows all lie
+  // past `rows` has no work, and leaving at once gives the other one the tensor cores.
+  const int consumers = min(CONSUMERS, (rows + 63) / 64);
   if (threadIdx.x < STAGES) {
     barrier_init(full + threadIdx.x, 128);             // every producer thread's copies
-    barrier_init(empty + threadIdx.x, 4 * CONSUMERS);  // every consumer warp
+    barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
   }
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
@@ -196,6 +199,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   }
 
   // Consumers.
+  if (warpgroup >= consumers) return;
   float acc[FLOATS];
 #pragma unroll
   for (int i = 0; i < FLOATS; ++i) acc[i] = 0.0f;
