@@ -8,6 +8,10 @@
 #   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh (SWEEP_FILE: its list)
 #   AUTOTUNE="p1 p2"  before the benchmark, `moejit compile --autotune --preset p` for each preset
 #                  (the benchmark's layers then use the stored tiles)
+#   NCU="preset:tokens:kernel-regex ..."  Nsight Compute on moejit_layer_check's kernels matching the
+#                  regex (--clock-control none: the clocks stay as found); report in $OUT/ncu-<n>.txt
+#   SMI=1          log SM clock, power and throttle reasons every 200 ms during the benchmark
+#                  ($OUT/smi.csv) and print their range
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-/tmp/moejit-build}"
@@ -33,11 +37,35 @@ for preset in ${AUTOTUNE:-}; do
   stamp "autotune $preset"
   "$build/moejit" compile --autotune --preset "$preset" 2>&1 | grep -v "^\[" | tee -a "$out/autotune.log" || status=1
 done
+n=0
+for probe in ${NCU:-}; do
+  IFS=: read -r preset tokens kernel <<<"$probe"
+  n=$((n + 1))
+  stamp "ncu $preset T=$tokens kernels ~ $kernel"
+  ncu --clock-control none -k "regex:$kernel" -c 3 --section SpeedOfLight --section LaunchStats \
+    --section Occupancy --section WarpStateStats --section SchedulerStats \
+    "$build/bench/moejit_layer_check" --preset "$preset" --tokens "$tokens" --iters 3 >"$out/ncu-$n.txt" 2>&1 || status=1
+  grep -E "^  [a-z_]+.*\(|Duration|Elapsed Cycles|Registers Per|Threads|Warp Cycles Per Issued|Stall|Achieved Occupancy" \
+    "$out/ncu-$n.txt" | head -40
+done
+if [ "${SMI:-0}" = "1" ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 200 >"$out/smi.csv" 2>/dev/null &
+  smi_pid=$!
+fi
 if [ "${BENCH:-1}" != "0" ]; then
   stamp "benchmark"
   # shellcheck disable=SC2086
   PYTHONPATH=python python3 bench/moe_bench.py ${BENCH_ARGS:---quick --presets qwen3-30b-a3b mixtral-8x7b --no-hf --breakdown qwen3-30b-a3b:16} \
     --out "$out/bench.md" 2>&1 | tail -60 || status=1
+fi
+if [ -n "${smi_pid:-}" ]; then
+  kill "$smi_pid" 2>/dev/null
+  # SM clock MHz, power W: min / median / max over the samples taken while the GPU was busy.
+  awk -F', ' '$3 > 150 {print $2, $3, $5}' "$out/smi.csv" | sort -n | awk '
+    {clk[NR] = $1; pw[NR] = $2; if ($2 > maxp) maxp = $2; reason[$3]++}
+    END {if (NR) {printf "nvidia-smi busy samples: %d; SM clock MHz min %s median %s max %s; power max %s W; throttle reasons:", NR, clk[1], clk[int((NR + 1) / 2)], clk[NR], maxp;
+         for (r in reason) printf " %s x%d", r, reason[r]; print ""}}'
 fi
 if [ "${SWEEP:-0}" = "1" ]; then
   stamp "tile sweep"

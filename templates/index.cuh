@@ -26,6 +26,17 @@ __device__ __forceinline__ int local_expert_of(const IndexArgs& args, long long 
   return (local >= 0 && local < Spec::kLocalExperts) ? local : -1;
 }
 
+// One warp reads the local experts of the pairs [begin, begin + kPairsPerBlock) (-1 from `end` on)
+// into experts[] (shared memory). The loads are independent and unrolled, so the walks over the
+// pairs in 32-pair steps below wait for global memory a few times instead of once per step.
+template <typename Spec>
+__device__ __forceinline__ void stage_pair_experts(const IndexArgs& args, long long begin, long long end, int* experts) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 8
+  for (int i = lane; i < Spec::kPairsPerBlock; i += 32) experts[i] = local_expert_of<Spec>(args, begin + i, end);
+  __syncwarp();
+}
+
 // One warp adds the pairs [begin, end) to counts[local expert] (shared memory); expert_of(f) is
 // the pair's local expert or -1 (not local, or f >= end).
 template <typename ExpertOf>
@@ -110,12 +121,13 @@ __device__ void write_offsets_and_tiles(const IndexArgs& args, const int* count,
 template <typename Spec>
 __device__ void index_count(const IndexArgs& args) {
   __shared__ int counts[Spec::kLocalExperts];
+  __shared__ int pair_expert[Spec::kPairsPerBlock];
   const int lane = threadIdx.x;
   for (int e = lane; e < Spec::kLocalExperts; e += 32) counts[e] = 0;
-  __syncwarp();
   const long long begin = static_cast<long long>(blockIdx.x) * Spec::kPairsPerBlock;
   const long long end = min(begin + Spec::kPairsPerBlock, args.pairs);
-  count_pairs(begin, end, [&](long long f) { return local_expert_of<Spec>(args, f, end); }, counts);
+  stage_pair_experts<Spec>(args, begin, end, pair_expert);
+  count_pairs(begin, end, [&](long long f) { return pair_expert[f - begin]; }, counts);
   int* out = args.block_counts + static_cast<long long>(blockIdx.x) * Spec::kLocalExperts;
   for (int e = lane; e < Spec::kLocalExperts; e += 32) out[e] = counts[e];
 }
@@ -129,14 +141,20 @@ __device__ void index_scan(const IndexArgs& args) {
   __shared__ int count[E];
   const int lane = threadIdx.x;
   // Per expert: exclusive prefix of the block counts (in place, for index_scatter) and the total.
+  // The counts are read BATCH blocks at a time with independent loads: one wait per batch.
+  constexpr int BATCH = 16;
   const long long blocks = (args.pairs + Spec::kPairsPerBlock - 1) / Spec::kPairsPerBlock;
   for (int e = lane; e < E; e += 32) {
     int running = 0;
-    for (long long b = 0; b < blocks; ++b) {
-      int* c = args.block_counts + b * E + e;
-      const int here = *c;
-      *c = running;
-      running += here;
+    for (long long b0 = 0; b0 < blocks; b0 += BATCH) {
+      int here[BATCH];
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) here[j] = b0 + j < blocks ? args.block_counts[(b0 + j) * E + e] : 0;
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        if (b0 + j < blocks) args.block_counts[(b0 + j) * E + e] = running;
+        running += here[j];
+      }
     }
     count[e] = running;
   }
@@ -147,20 +165,20 @@ __device__ void index_scan(const IndexArgs& args) {
 template <typename Spec>
 __device__ void index_scatter(const IndexArgs& args) {
   __shared__ int next[Spec::kLocalExperts];
+  __shared__ int pair_expert[Spec::kPairsPerBlock];
   const int lane = threadIdx.x;
   const int* prefix = args.block_counts + static_cast<long long>(blockIdx.x) * Spec::kLocalExperts;
   for (int e = lane; e < Spec::kLocalExperts; e += 32) next[e] = args.expert_offsets[e] + prefix[e];
-  __syncwarp();
   const long long begin = static_cast<long long>(blockIdx.x) * Spec::kPairsPerBlock;
   const long long end = min(begin + Spec::kPairsPerBlock, args.pairs);
-  scatter_pairs(args, begin, end, [&](long long f) { return local_expert_of<Spec>(args, f, end); }, next);
+  stage_pair_experts<Spec>(args, begin, end, pair_expert);
+  scatter_pairs(args, begin, end, [&](long long f) { return pair_expert[f - begin]; }, next);
 }
 
 // The three steps as one warp of a one-block launch (M <= kPairsPerBlock). The separate steps
-// hand their results over through global memory (block_counts, expert_offsets), and a decode
-// layer's index launch was a chain of dependent global round trips (8 us for Qwen3 at T = 1);
-// here each pair's expert is read once and everything after stays in shared memory.
-// block_counts is not written: only index_scan and index_scatter read it.
+// hand their results over through global memory (block_counts, expert_offsets), a chain of
+// dependent round trips; here the pairs' experts are read once and everything after stays in
+// shared memory. block_counts is not written: only index_scan and index_scatter read it.
 template <typename Spec>
 __device__ void index_single_block(const IndexArgs& args) {
   constexpr int E = Spec::kLocalExperts;
@@ -169,10 +187,9 @@ __device__ void index_single_block(const IndexArgs& args) {
   __shared__ int next[E];
   const int lane = threadIdx.x % 32;
   const long long pairs = args.pairs;
-  for (long long f = lane; f < pairs; f += 32) pair_expert[f] = local_expert_of<Spec>(args, f, pairs);
   for (int e = lane; e < E; e += 32) count[e] = 0;
-  __syncwarp();
-  const auto expert_of = [&](long long f) { return f < pairs ? pair_expert[f] : -1; };
+  stage_pair_experts<Spec>(args, 0, pairs, pair_expert);
+  const auto expert_of = [&](long long f) { return pair_expert[f]; };
   count_pairs(0, pairs, expert_of, count);
   __syncwarp();
   write_offsets_and_tiles<Spec>(args, count, next);
