@@ -191,6 +191,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
       if (round > 0) barrier_wait(empty + slot, (round - 1) & 1);
       loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt);
       barrier_arrive_when_copied(full + slot);
+      loader.prefetch_weights(kt + STAGES);  // the k-tile this slot takes next, into L2 now
       if (++slot == STAGES) slot = 0, ++round;
     }
     // The producer may exit with copies in flight: they land in shared memory of a block that
