@@ -106,18 +106,6 @@ struct TileLoader {
     }
   }
 
-  // Asks L2 for this thread's weight rows of k-tile kt, ahead of the copies that will read them:
-  // a tile's weights stream from DRAM, and a ring of a few shared-memory stages holds too little
-  // to cover DRAM latency under load. One 128-byte line per row and k-tile, issued by the thread
-  // that copies the row's first chunk; a hint only (nothing waits for it).
-  __device__ __forceinline__ void prefetch_weights(int kt) const {
-    const long long k0 = static_cast<long long>(kt) * 64;
-    if (chunk != 0 || k0 >= K) return;
-#pragma unroll
-    for (int i = 0; i < W_COPIES; ++i)
-      if (w_src[i] != nullptr) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_src[i] + k0));
-  }
-
   // Issues the copies of k-tile kt (64 columns) into the stage tiles `as` and `ws` (not committed).
   __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
     const long long k0 = static_cast<long long>(kt) * 64;

@@ -189,9 +189,11 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
     for (int kt = 0; kt < K_TILES; ++kt) {
       if (round > 0) barrier_wait(empty + slot, (round - 1) & 1);
+      // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
+      // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
+      // 5.37 -> 6.73 ms, bench/RESULTS.md); the ring alone keeps the loads in flight.
       loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt);
       barrier_arrive_when_copied(full + slot);
-      loader.prefetch_weights(kt + STAGES);  // the k-tile this slot takes next, into L2 now
       if (++slot == STAGES) slot = 0, ++round;
     }
     // The producer may exit with copies in flight: they land in shared memory of a block that
