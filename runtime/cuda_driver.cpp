@@ -52,6 +52,7 @@ CudaDriver load_driver() {
   MOEJIT_RESOLVE(module_get_function, cuModuleGetFunction);
   MOEJIT_RESOLVE(func_set_attribute, cuFuncSetAttribute);
   MOEJIT_RESOLVE(launch_kernel_ex, cuLaunchKernelEx);
+  MOEJIT_RESOLVE(tensor_map_encode_tiled, cuTensorMapEncodeTiled);
   MOEJIT_RESOLVE(mem_alloc, cuMemAlloc);
   MOEJIT_RESOLVE(mem_free, cuMemFree);
   MOEJIT_RESOLVE(memcpy_htod, cuMemcpyHtoD);

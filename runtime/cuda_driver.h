@@ -36,6 +36,7 @@ struct CudaDriver {
   decltype(&::cuModuleGetFunction) module_get_function = nullptr;
   decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
+  decltype(&::cuTensorMapEncodeTiled) tensor_map_encode_tiled = nullptr;
   decltype(&::cuMemAlloc) mem_alloc = nullptr;
   decltype(&::cuMemFree) mem_free = nullptr;
   // Used by autotune only (timing candidate plans at model load).

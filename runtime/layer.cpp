@@ -4,6 +4,7 @@
 #include "runtime/layer.h"
 
 #include <array>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -64,6 +65,29 @@ struct LoadedContext {
 };
 
 bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+
+static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) == alignof(CUtensorMap),
+              "args.cuh's TensorMap must be cuda.h's CUtensorMap");
+
+// The tensor map through which a wgmma GEMM loads its weight tiles (TMA): `w` as a [planes][n][k]
+// tensor of 16-bit elements (planes = local experts * halves), box 64 (k) x bn (rows) x 1 in the
+// 128-byte swizzle layout, zero fill outside. A host-side encoding: no device work.
+TensorMap weight_tensor_map(const void* w, DType dtype, int64_t planes, int64_t n, int64_t k, int bn,
+                            const char* name) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(planes)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k * 2), static_cast<cuuint64_t>(n * k * 2)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(bn), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = cuda_driver().tensor_map_encode_tiled(
+      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(w), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check_cuda(r, fmt::format("{}: cuTensorMapEncodeTiled ([{}][{}][{}], box 64 x {})", name, planes, n, k, bn).c_str());
+  TensorMap out;
+  std::memcpy(&out, &map, sizeof map);
+  return out;
+}
 
 // Whether the plan's arch has programmatic dependent launch (sm_90 and later).
 bool has_programmatic_launch(const std::string& arch) {
@@ -296,7 +320,11 @@ class LayerImpl final : public Layer {
 
     GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
                    in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
-                   ints(o.num_tiles), ints(o.expert_offsets)};
+                   ints(o.num_tiles), ints(o.expert_offsets), {}};
+    const int64_t experts = c.local_experts(), halves = c.gated ? 2 : 1;
+    if (b.gemm1.kernel == GemmKernel::Wgmma)
+      gemm1.w_map = weight_tensor_map(in.w13, c.dtype, experts * halves, c.local_intermediate(), c.hidden, b.gemm1.bn,
+                                      "w13");
     launch(run, roles_.gemm1[bucket], gemm_grid(roles_.gemm1[bucket], row_tiles, c.local_intermediate()),
            &gemm1);
 
@@ -309,7 +337,9 @@ class LayerImpl final : public Layer {
 
     GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
                    nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
-                   ints(o.expert_offsets)};
+                   ints(o.expert_offsets), {}};
+    if (b.gemm2.kernel == GemmKernel::Wgmma)
+      gemm2.w_map = weight_tensor_map(in.w2, c.dtype, experts, c.hidden, c.local_intermediate(), b.gemm2.bn, "w2");
     launch(run, roles_.gemm2[bucket], gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
 
     CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};

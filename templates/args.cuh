@@ -50,6 +50,12 @@ struct QuantizeArgs {
   float* scale;              // [M]
 };
 
+// A CUDA tensor map (cuda.h's CUtensorMap: 128 opaque bytes, 128-byte aligned), encoded by the host
+// with cuTensorMapEncodeTiled. The warpgroup-MMA GEMMs load their weight tiles through it (TMA).
+struct alignas(128) TensorMap {
+  unsigned long long opaque[16];
+};
+
 // Stages 4 and 5: grouped GEMM over expert-sorted rows.
 struct GemmArgs {
   const void* a;             // GEMM 1: hidden [T, H] (rows gathered) or int8 [M, H];
@@ -64,6 +70,8 @@ struct GemmArgs {
   const int* tile_row;
   const int* num_tiles;
   const int* expert_offsets;
+  TensorMap w_map;           // wgmma kernels: w as a [E_loc * halves][N][K] tensor, box 64 x BN x 1,
+                             // 128-byte swizzle (the host fills it per call; others ignore it)
 };
 
 // Stage 6: weighted top-k sum in a fixed order.

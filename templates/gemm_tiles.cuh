@@ -106,8 +106,8 @@ struct TileLoader {
     }
   }
 
-  // Issues the copies of k-tile kt (64 columns) into the stage tiles `as` and `ws` (not committed).
-  __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
+  // Issues the copies of k-tile kt's A rows only (the weights come by TMA), not committed.
+  __device__ __forceinline__ void load_a(T* as, int kt) const {
     const long long k0 = static_cast<long long>(kt) * 64;
     const bool k_valid = k0 + chunk * 8 < K;
 #pragma unroll
@@ -116,6 +116,13 @@ struct TileLoader {
       copy_16_async(shared_address(as + swizzled(first_row + i * ROW_STEP, chunk)), valid ? a_src[i] + k0 : mapped,
                     valid);
     }
+  }
+
+  // Issues the copies of k-tile kt (64 columns) into the stage tiles `as` and `ws` (not committed).
+  __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
+    load_a(as, kt);
+    const long long k0 = static_cast<long long>(kt) * 64;
+    const bool k_valid = k0 + chunk * 8 < K;
 #pragma unroll
     for (int i = 0; i < W_COPIES; ++i) {
       const bool valid = k_valid && w_src[i] != nullptr;

@@ -6,9 +6,10 @@
 // Warp-specialized: BM / 64 consumer warpgroups (128 threads each) own 64 rows of the block's
 // BM-row tile each and issue wgmma.mma_async m64nNk16 with both operands read from shared memory
 // through matrix descriptors, N = the tile's weight rows (the gate and up rows of BN columns for
-// gated GEMM 1: BN <= 128; BN <= 256 otherwise). One producer warpgroup copies k-tiles into a ring
-// of kStages shared-memory stages (128-byte swizzle layout) with cp.async; stage hand-offs are
-// mbarriers: "full" completes when the producer's copies of a stage land, "empty" when every
+// gated GEMM 1: BN <= 128; BN <= 256 otherwise). One producer warpgroup fills a ring of kStages
+// shared-memory stages (128-byte swizzle layout): the weight tile by TMA (args.w_map, one box per
+// half), the A rows with cp.async (GEMM 1 gathers them). Stage hand-offs are mbarriers: "full"
+// completes when the producer's copies and the TMA bytes of a stage have landed, "empty" when every
 // consumer warp has retired the wgmma group that read it. Consumers keep one wgmma group in flight,
 // the producer runs up to kStages k-tiles ahead, and nobody waits at a block-wide barrier.
 //
@@ -113,6 +114,30 @@ __device__ __forceinline__ void barrier_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile::shared_address(bar)) : "memory");
 }
 
+// Arrives on the barrier and adds `bytes` to the transaction count its phase waits for (the TMA
+// copies that complete_tx on it).
+__device__ __forceinline__ void barrier_arrive_expecting(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(tile::shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Makes barrier initializations visible to the async proxy (the TMA unit completes transactions on
+// them); the block barrier after it publishes them to the other threads.
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// TMA: copies the box at (k0, row0, plane) of the 3-D tensor map (64 elements x the box's rows,
+// 128-byte swizzle: the layout tile::swizzled describes) to shared memory at dst (1024-byte
+// aligned); the bytes land through the async proxy and complete on `bar`. Rows and columns outside
+// the tensor are zero-filled.
+__device__ __forceinline__ void load_box(void* dst, const TensorMap* map, int k0, int row0, int plane,
+                                         unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(tile::shared_address(dst)),
+      "l"(map), "r"(k0), "r"(row0), "r"(plane), "r"(tile::shared_address(bar))
+      : "memory");
+}
+
 // Arrives on the barrier once every cp.async this thread issued so far has landed (.noinc: the
 // arrival counts against the count the barrier was initialized with).
 __device__ __forceinline__ void barrier_arrive_when_copied(unsigned long long* bar) {
@@ -129,6 +154,7 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[FLOATS]) {
 
 }  // namespace wgmma_detail
 
+// `args` must be the kernel's __grid_constant__ parameter: the TMA reads args.w_map where it lies.
 template <typename Spec>
 __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   using namespace wgmma_detail;
@@ -175,24 +201,34 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   // past `rows` has no work, and leaving at once gives the other one the tensor cores.
   const int consumers = min(CONSUMERS, (rows + 63) / 64);
   if (threadIdx.x < STAGES) {
-    barrier_init(full + threadIdx.x, 128);             // every producer thread's copies
+    barrier_init(full + threadIdx.x, 128 + 1);         // every producer thread's A copies, the weight TMA
     barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
+    fence_barrier_init();
   }
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == CONSUMERS) {
-    // Producer: fills slot kt % STAGES once the consumers have emptied its previous use.
+    // Producer: fills slot kt % STAGES once the consumers have emptied its previous use; its first
+    // thread has the weight tile copied by TMA (a box per half), every thread copies A rows.
+    // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
+    // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
+    // 5.37 -> 6.73 ms, bench/RESULTS.md).
+    const int producer_thread = threadIdx.x - 128 * CONSUMERS;
     const T* a = static_cast<const T*>(args.a);
     const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
-    const TileLoader<T, BM, BN, HALVES, 128, N, K> loader(a, w, a_row, n0, threadIdx.x - 128 * CONSUMERS);
+    const TileLoader<T, BM, BN, HALVES, 128, N, K> loader(a, w, a_row, n0, producer_thread);
     int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
     for (int kt = 0; kt < K_TILES; ++kt) {
       if (round > 0) barrier_wait(empty + slot, (round - 1) & 1);
-      // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
-      // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
-      // 5.37 -> 6.73 ms, bench/RESULTS.md); the ring alone keeps the loads in flight.
-      loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt);
+      if (producer_thread == 0) {
+        barrier_arrive_expecting(full + slot, W_STAGE * sizeof(T));  // whole boxes, zero-filled parts too
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+          load_box(w_smem + slot * W_STAGE + h * BN * BK, &args.w_map, kt * BK, static_cast<int>(n0),
+                   expert * HALVES + h, full + slot);
+      }
+      loader.load_a(a_smem + slot * A_STAGE, kt);
       barrier_arrive_when_copied(full + slot);
       if (++slot == STAGES) slot = 0, ++round;
     }
@@ -201,7 +237,8 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     return;
   }
 
-  // Consumers.
+  // Consumers. (fence_shared_for_async below is for the A rows, which cp.async writes through the
+  // generic proxy; the TMA's weights are in the async proxy already.)
   if (warpgroup >= consumers) return;
   float acc[FLOATS];
 #pragma unroll
