@@ -659,6 +659,13 @@ class PresetBench:
         calls["moejit"](0)  # first eager call at this T outside the profiler
         self.r.emit(f"#### Per-kernel breakdown: {self.name} T={tokens} ({args.profile_iters} eager calls, "
                     f"{'CUDA kernels' if self.d.cuda else 'CPU operators'}, torch.profiler)")
+        if (self.d.cuda and torch.cuda.get_device_capability()[0] >= 9
+                and os.environ.get("MOEJIT_PDL", "1") not in ("0", "false", "off", "no")):
+            # moejit launches a call's kernels after the first with programmatic dependent launch
+            # (sm_90+): a kernel's span then starts while the previous one still runs.
+            self.r.emit("")
+            self.r.emit("moejit's kernel spans overlap (programmatic dependent launch; MOEJIT_PDL=0 separates "
+                        "them): a kernel after the first includes time spent waiting for its predecessor.")
         for key, label in (("moejit", "moejit layer (moe_layer)"), ("grouped_mm", "grouped_mm layer (experts only)")):
             try:
                 stats = self.d.kernel_breakdown(calls[key], fill, args.profile_iters)
