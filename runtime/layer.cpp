@@ -1,9 +1,11 @@
 // Layer: loads a compiled layer's modules per CUDA context and launches its kernels in SPEC.md's
 // stage order on the caller's stream. forward() checks its arguments, then only packs argument
-// structs and calls cuLaunchKernelEx: no allocation, no synchronization, no compilation.
+// structs (and encodes the wgmma GEMMs' weight tensor maps, on the host) and calls
+// cuLaunchKernelEx: no allocation, no synchronization, no compilation.
 #include "runtime/layer.h"
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -158,6 +160,7 @@ class LayerImpl final : public Layer {
     check_routing_arguments(tokens, in.router_logits, in.e_score_correction_bias);
     const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
+    const WeightMaps maps = weight_maps(tokens, in);  // before the first launch: it may throw
     Launcher run = begin_call(stream_handle);
     char* ws = static_cast<char*>(workspace);
     float* weights = reinterpret_cast<float*>(ws + o.topk_weights);
@@ -169,7 +172,7 @@ class LayerImpl final : public Layer {
       launch_routing(run, tokens, in.router_logits, in.e_score_correction_bias, weights, ids);
       launch_index(run, tokens, ids, ws, o);
     }
-    launch_experts(run, tokens, ids, weights, in, output, ws, o);
+    launch_experts(run, tokens, ids, weights, in, maps, output, ws, o);
   }
 
   void route(void* stream_handle, int64_t tokens, const void* router_logits, const float* bias, float* topk_weights,
@@ -188,6 +191,7 @@ class LayerImpl final : public Layer {
     check_pointer(topk_weights, "topk_weights", 4);
     const WorkspaceOffsets o = check_expert_arguments(tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
+    const WeightMaps maps = weight_maps(tokens, in);
     Launcher run = begin_call(stream_handle);
     char* ws = static_cast<char*>(workspace);
     if (single_block_index(tokens)) {
@@ -195,7 +199,7 @@ class LayerImpl final : public Layer {
     } else {
       launch_index(run, tokens, topk_ids, ws, o);
     }
-    launch_experts(run, tokens, topk_ids, topk_weights, in, output, ws, o);
+    launch_experts(run, tokens, topk_ids, topk_weights, in, maps, output, ws, o);
   }
 
  private:
@@ -212,6 +216,24 @@ class LayerImpl final : public Layer {
 
   Launcher begin_call(void* stream_handle) const {
     return Launcher{functions_for(stream_handle), static_cast<CUstream>(stream_handle), {programmatic_launch_}};
+  }
+
+  // The weight tensor maps of the bucket's wgmma GEMMs (left zero for other kernels).
+  struct WeightMaps {
+    TensorMap w13{}, w2{};
+  };
+
+  WeightMaps weight_maps(int64_t tokens, const LayerInputs& in) const {
+    const MoeConfig& c = config();
+    const TokenBucket& b = plan().bucket_for(tokens);
+    const int64_t experts = c.local_experts(), halves = c.gated ? 2 : 1;
+    WeightMaps maps;
+    if (b.gemm1.kernel == GemmKernel::Wgmma)
+      maps.w13 = weight_tensor_map(in.w13, c.dtype, experts * halves, c.local_intermediate(), c.hidden, b.gemm1.bn,
+                                   "w13");
+    if (b.gemm2.kernel == GemmKernel::Wgmma)
+      maps.w2 = weight_tensor_map(in.w2, c.dtype, experts, c.hidden, c.local_intermediate(), b.gemm2.bn, "w2");
+    return maps;
   }
 
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -298,7 +320,7 @@ class LayerImpl final : public Layer {
 
   // Stages 3-6, after the index.
   void launch_experts(Launcher& run, int64_t tokens, const int* ids, const float* weights, const LayerInputs& in,
-                      void* output, char* ws, const WorkspaceOffsets& o) const {
+                      const WeightMaps& maps, void* output, char* ws, const WorkspaceOffsets& o) const {
     const MoeConfig& c = config();
     const Plan& p = plan();
     const bool w8a8 = c.quant == Quant::W8A8Int8;
@@ -320,11 +342,7 @@ class LayerImpl final : public Layer {
 
     GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
                    in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
-                   ints(o.num_tiles), ints(o.expert_offsets), {}};
-    const int64_t experts = c.local_experts(), halves = c.gated ? 2 : 1;
-    if (b.gemm1.kernel == GemmKernel::Wgmma)
-      gemm1.w_map = weight_tensor_map(in.w13, c.dtype, experts * halves, c.local_intermediate(), c.hidden, b.gemm1.bn,
-                                      "w13");
+                   ints(o.num_tiles), ints(o.expert_offsets), maps.w13};
     launch(run, roles_.gemm1[bucket], gemm_grid(roles_.gemm1[bucket], row_tiles, c.local_intermediate()),
            &gemm1);
 
@@ -337,9 +355,7 @@ class LayerImpl final : public Layer {
 
     GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
                    nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
-                   ints(o.expert_offsets), {}};
-    if (b.gemm2.kernel == GemmKernel::Wgmma)
-      gemm2.w_map = weight_tensor_map(in.w2, c.dtype, experts, c.hidden, c.local_intermediate(), b.gemm2.bn, "w2");
+                   ints(o.expert_offsets), maps.w2};
     launch(run, roles_.gemm2[bucket], gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
 
     CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
