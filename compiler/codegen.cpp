@@ -53,8 +53,8 @@ std::string spec_struct(const KernelPlan& k) {
 // kernel at 40-48 registers and spilled, although its launch bound allowed far more.
 // Every entry first waits for the kernel before it in the stream (common.cuh: the runtime may
 // launch it while that kernel still runs), then lets the next one launch.
-// The wgmma GEMM's argument is __grid_constant__: its TMA reads the tensor map inside the kernel
-// parameter, which must stay there (any other kernel gets a private copy it may not need).
+// The wgmma GEMM's argument is __grid_constant__: its TMA takes the address of the tensor map
+// inside the kernel parameter, which without the qualifier would be copied to local memory first.
 std::string entry_point(const KernelPlan& k) {
   const bool grid_constant = k.device_function == "moejit::grouped_gemm_wgmma";
   return fmt::format(
