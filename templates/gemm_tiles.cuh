@@ -107,26 +107,24 @@ struct TileLoader {
   }
 
   // Issues the copies of k-tile kt's A rows only (the weights come by TMA), not committed.
-  __device__ __forceinline__ void load_a(T* as, int kt) const {
-    const long long k0 = static_cast<long long>(kt) * 64;
-    const bool k_valid = k0 + chunk * 8 < K;
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-      const bool valid = k_valid && a_src[i] != nullptr;
-      copy_16_async(shared_address(as + swizzled(first_row + i * ROW_STEP, chunk)), valid ? a_src[i] + k0 : mapped,
-                    valid);
-    }
-  }
+  __device__ __forceinline__ void load_a(T* as, int kt) const { copy_rows(as, a_src, kt); }
 
   // Issues the copies of k-tile kt (64 columns) into the stage tiles `as` and `ws` (not committed).
   __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
-    load_a(as, kt);
+    copy_rows(as, a_src, kt);
+    copy_rows(ws, w_src, kt);
+  }
+
+ private:
+  // This thread's chunk of k-tile kt for the tile rows whose sources are src (null: zero-fill).
+  template <int COPIES>
+  __device__ __forceinline__ void copy_rows(T* tile, const T* const (&src)[COPIES], int kt) const {
     const long long k0 = static_cast<long long>(kt) * 64;
     const bool k_valid = k0 + chunk * 8 < K;
 #pragma unroll
-    for (int i = 0; i < W_COPIES; ++i) {
-      const bool valid = k_valid && w_src[i] != nullptr;
-      copy_16_async(shared_address(ws + swizzled(first_row + i * ROW_STEP, chunk)), valid ? w_src[i] + k0 : mapped,
+    for (int i = 0; i < COPIES; ++i) {
+      const bool valid = k_valid && src[i] != nullptr;
+      copy_16_async(shared_address(tile + swizzled(first_row + i * ROW_STEP, chunk)), valid ? src[i] + k0 : mapped,
                     valid);
     }
   }
