@@ -2,6 +2,9 @@
 // NOTES: the warp reductions here are xor-butterfly shuffles rather than cub::WarpReduce: CUB's
 // headers cost NVRTC about 1.2 s per unit, which would dominate the layer's compile, and a
 // butterfly gives every lane the same, run-to-run identical result (fp add is commutative).
+// The top-k rounds keep the scores in registers as order-preserving integer keys, so a round is
+// two warp reductions (redux.sync on sm_80 and later) instead of a walk through shared memory and
+// five shuffle steps: on the H200 the K rounds were most of a decode step's routing latency.
 //
 // Spec is a struct of compile-time constants written by codegen:
 //   using Logit;                 // router logit element type
@@ -44,6 +47,70 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
+
+// Unsigned max / min over the warp, the same in every lane.
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+#endif
+}
+
+__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = min(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+#endif
+}
+
+// An unsigned key that orders like the score: a > b exactly when key(a) > key(b), for finite
+// scores and -inf (taken). -0 is keyed as +0, since the float comparison holds them equal.
+__device__ __forceinline__ unsigned order_key(float score) {
+  const unsigned bits = __float_as_uint(score == 0.0f ? 0.0f : score);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Below every score's key (that of -inf included): a slot past the last expert.
+constexpr unsigned kNoExpertKey = 0u;
+
+// The selection of K experts from scores held in registers: lane l holds the keys of experts
+// l, l + 32, l + 64, ... (R = ceil(E / 32) of them). Each round picks the best key of the warp,
+// ties to the lower index (SPEC.md), and marks it taken (the key of -inf), which is what the
+// warp_argmax over shared memory with BetterOf did; the result is identical.
+template <int E>
+struct LaneKeys {
+  static constexpr int R = (E + 31) / 32;
+  unsigned key[R];
+
+  // The keys of scores[0, E) (shared memory) for this lane.
+  __device__ __forceinline__ void load(const float* scores, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int e = r * 32 + lane;
+      key[r] = e < E ? order_key(scores[e]) : kNoExpertKey;
+    }
+  }
+
+  // The best remaining expert (the same in every lane), then marked taken.
+  __device__ __forceinline__ int take_best(int lane) {
+    unsigned best = kNoExpertKey;
+    int best_r = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (key[r] > best) best = key[r], best_r = r;  // strictly: the lower index keeps a tie
+    const unsigned top = warp_max_u32(best);
+    const int index = static_cast<int>(warp_min_u32(best == top ? static_cast<unsigned>(best_r * 32 + lane) : 0xffffffffu));
+#pragma unroll
+    for (int r = 0; r < R; ++r) key[r] = r * 32 + lane == index ? order_key(taken()) : key[r];
+    return index;
+  }
+};
 
 // The best entry of scores[0, n), ties to the lower index; the same result in every lane.
 __device__ __forceinline__ ScoredIndex warp_argmax(const float* scores, int n, int lane) {
@@ -122,18 +189,16 @@ __device__ __forceinline__ void route_token(const RouteArgs& args, long long tok
     __syncwarp();
   }
 
-  // Top-k: K rounds of a warp argmax; each round takes its winner out of the running.
+  // Top-k: K rounds over the scores in registers; each round takes its winner out of the running.
+  LaneKeys<E> keys;
+  keys.load(q, lane);
   float weight[K];
   int ids[K];
   float weight_sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < K; ++j) {
-    ScoredIndex best = warp_argmax(q, E, lane);
-    __syncwarp();
-    if (lane == 0) q[best.index] = taken();
-    __syncwarp();
-    ids[j] = best.index;
-    weight[j] = p[best.index];
+    ids[j] = keys.take_best(lane);
+    weight[j] = p[ids[j]];
     weight_sum += weight[j];  // in slot order, so the sum is the same on every run
   }
   if (lane == 0) {
