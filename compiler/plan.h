@@ -49,8 +49,6 @@ struct KernelPlan {
   std::string entry;            // extern "C" name; spells the specialization
   std::string unit;             // the translation unit that holds it
   std::string device_function;  // template in templates/*.cuh, e.g. "moejit::route_tokens"
-  std::string before_wait;      // template the entry calls before it waits for the previous kernel
-                                // (work that does not depend on it), or empty
   std::string args_type;        // e.g. "moejit::RouteArgs"
   std::string header;           // "moejit/routing.cuh"
   std::string spec_name;        // the Spec struct; kernels of one family may share one

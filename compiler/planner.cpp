@@ -228,19 +228,6 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
         {"bool", "kGather", boolean(gemm1)},
         {"int", "kTopk", std::to_string(c.topk)},
     };
-    if (!wgmma) {
-      // mma.sync tiles prefetch the first k-tiles of their weight rows into L2 as soon as they know
-      // their expert (mma_gemm.cuh). GEMM 1: the pipeline's depth, which its copies ask for first.
-      // GEMM 2 prefetches before it waits for GEMM 1 (its weights and tile schedule do not depend
-      // on it), so the blocks resident during GEMM 1's tail take twice that, to keep HBM busy; at
-      // most all of K, and a few MB of L2 in all (the resident blocks' share).
-      const int64_t k_tiles = (k_len + tile.bk - 1) / tile.bk;
-      const int64_t prefetch = std::min<int64_t>(k_tiles, (gemm1 ? 1 : 2) * tile.stages);
-      k.spec.push_back({"int", "kLocalExperts", std::to_string(c.local_experts())});
-      k.spec.push_back({"int", "kPrefetchKTiles", std::to_string(prefetch)});
-      k.spec.push_back({"bool", "kPrefetchBeforeWait", boolean(!gemm1)});
-      if (!gemm1) k.before_wait = "moejit::prefetch_gemm_weights";
-    }
     k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared};
     return k;
   }

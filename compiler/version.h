@@ -12,8 +12,7 @@ inline constexpr const char* kMoejitVersion = MOEJIT_VERSION;
 // source text does not show (the source and the header digest are in the key already), and when
 // the planner's tile kinds change: autotune records are keyed by it, so older choices are re-tuned.
 // 3: wgmma tiles on sm_90a. 4: their weights by TMA (a stored choice was timed on other kernels).
-// 5: the mma.sync GEMMs prefetch weight k-tiles into L2 (GEMM 2 before its wait).
-inline constexpr const char* kGeneratorVersion = "5";
+inline constexpr const char* kGeneratorVersion = "4";
 
 // Bump when the disk layout or meta.json changes.
 inline constexpr const char* kCacheSchemaVersion = "v1";

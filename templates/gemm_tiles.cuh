@@ -19,11 +19,6 @@ __device__ __forceinline__ void copy_16_async(unsigned dst, const void* src, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-// A hint: fetch the 128-byte line holding p (global memory) into L2.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
-}
-
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int PENDING>

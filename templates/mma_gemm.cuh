@@ -18,14 +18,6 @@
 //   kStages >= 2, kWarpsM, kWarpsN (threads = 32 * kWarpsM * kWarpsN), kGroupRows
 //   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
 //   kSharedBytes: the dynamic shared memory the launch provides
-//   kLocalExperts (experts in args.w), kPrefetchKTiles (k-tiles of weight rows to prefetch),
-//   kPrefetchBeforeWait (the entry calls prefetch_gemm_weights before it waits: GEMM 2)
-//
-// L2 prefetch: a block issues prefetches of its weight rows' first kPrefetchKTiles k-tiles as soon
-// as it knows its expert, so they stream while it resolves its A rows (a chain of dependent reads)
-// and fills its pipeline, whose copies then hit L2. GEMM 2 does it before it waits for GEMM 1, so its
-// first weights stream during GEMM 1's tail, when HBM is no longer busy. A decode layer is a
-// few short, memory-bound kernels, whose ramps and tails are much of their time.
 #pragma once
 
 #include "moejit/gemm_tiles.cuh"
@@ -58,38 +50,6 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned (&a)[4
 }
 
 }  // namespace mma_detail
-
-// Prefetches the first kPrefetchKTiles k-tiles of the block's weight rows into L2: the gate rows
-// from column n0 (and, gated, the up rows of the same columns), those below N.
-template <typename Spec>
-__device__ __forceinline__ void prefetch_weight_rows(const GemmArgs& args, int expert, long long n0) {
-  using T = typename Spec::A;
-  constexpr int HALVES = Spec::kGated ? 2 : 1;
-  constexpr int BN = Spec::kBN, THREADS = 32 * Spec::kWarpsM * Spec::kWarpsN, KT = Spec::kPrefetchKTiles;
-  constexpr long long N = Spec::kN, K = Spec::kK;
-  const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
-  // Neighbouring threads take neighbouring lines of one row.
-  for (int i = threadIdx.x; i < HALVES * BN * KT; i += THREADS) {
-    const int r = i / KT, kt = i % KT;
-    const int half = r / BN;
-    const long long col = n0 + (r - half * BN);
-    if (col < N) tile::prefetch_l2(w + (half * N + col) * K + kt * 64);
-  }
-}
-
-// GEMM 2's entry calls this before it waits for GEMM 1 (kPrefetchBeforeWait). The weights do not
-// depend on GEMM 1, and the tile schedule comes from the index step, which completed before GEMM 1's
-// blocks passed their own wait and so before this grid could launch. The schedule is read at L2
-// (ld.global.cg), and only to aim a hint: the expert is clamped to the weight tensor, so a value
-// read early could cost bandwidth, never correctness.
-template <typename Spec>
-__device__ void prefetch_gemm_weights(const GemmArgs& args) {
-  constexpr int COL_TILES = static_cast<int>((Spec::kN + Spec::kBN - 1) / Spec::kBN);
-  const tile::Position at = tile::grouped_position<Spec::kGroupRows>(COL_TILES);
-  if (at.tile >= __ldcg(args.num_tiles)) return;
-  const int expert = min(max(__ldcg(args.tile_expert + at.tile), 0), Spec::kLocalExperts - 1);
-  prefetch_weight_rows<Spec>(args, expert, static_cast<long long>(at.col_tile) * Spec::kBN);
-}
 
 template <typename Spec>
 __device__ void grouped_gemm_mma(const GemmArgs& args) {
@@ -127,10 +87,9 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   if (tile >= *args.num_tiles) return;
 
   const int expert = args.tile_expert[tile];
-  const long long n0 = static_cast<long long>(col_tile) * BN;
-  if constexpr (!Spec::kPrefetchBeforeWait) prefetch_weight_rows<Spec>(args, expert, n0);
   const long long row0 = args.tile_row[tile];
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
+  const long long n0 = static_cast<long long>(col_tile) * BN;
 
   // Source row of each tile row, resolved once: the gather of GEMM 1 happens here.
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);

@@ -222,32 +222,6 @@ TEST(Planner, WgmmaTilesKeepTheirShapeInTheKernelPlan) {
   EXPECT_EQ(prefill_g2.launch.shared_bytes, 4 * (128 + 256) * 128 + 128 * 8 + 4 * 16 + 1024);
 }
 
-// The mma.sync GEMMs prefetch weight k-tiles into L2 (mma_gemm.cuh): GEMM 1 once it knows its
-// expert, as deep as its pipeline; GEMM 2 before it waits for GEMM 1, twice as deep, at most K.
-TEST(Planner, MmaGemmsPrefetchTheirFirstWeightTilesGemm2BeforeItsWait) {
-  auto spec_value = [](const KernelPlan& k, const std::string& name) {
-    for (const auto& item : k.spec)
-      if (item.name == name) return item.value;
-    return std::string("(absent)");
-  };
-  const MoeConfig c = preset("qwen3-30b-a3b");  // H 2048, I 768: GEMM 2 has 12 k-tiles
-  const Plan plan = make_plan(c, "sm_90a");
-  const TokenBucket& decode = plan.bucket_for(1);
-  ASSERT_EQ(decode.gemm1.kernel, GemmKernel::TensorCore);
-  const KernelPlan& g1 = plan.kernel(decode.gemm1_entry);
-  const KernelPlan& g2 = plan.kernel(decode.gemm2_entry);
-  EXPECT_EQ(g1.before_wait, "");
-  EXPECT_EQ(spec_value(g1, "kPrefetchBeforeWait"), "false");
-  EXPECT_EQ(spec_value(g1, "kPrefetchKTiles"), std::to_string(std::min(32, decode.gemm1.stages)));
-  EXPECT_EQ(g2.before_wait, "moejit::prefetch_gemm_weights");
-  EXPECT_EQ(spec_value(g2, "kPrefetchBeforeWait"), "true");
-  EXPECT_EQ(spec_value(g2, "kPrefetchKTiles"), std::to_string(std::min(12, 2 * decode.gemm2.stages)));
-  EXPECT_EQ(spec_value(g2, "kLocalExperts"), "128");
-  const KernelPlan& prefill_g2 = plan.kernel(plan.bucket_for(4096).gemm2_entry);
-  EXPECT_EQ(prefill_g2.device_function, "moejit::grouped_gemm_wgmma");
-  EXPECT_EQ(prefill_g2.before_wait, "") << "the wgmma GEMMs do not prefetch";
-}
-
 TEST(Workspace, IsAPureFunctionWithAlignedDisjointBuffers) {
   for (const auto& name : preset_names()) {
     for (Quant q : {Quant::None, Quant::W8A8Int8}) {
