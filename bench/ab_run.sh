@@ -2,11 +2,12 @@
 # A/B on the device in one call: the same benchmark on a baseline tree and on this tree, each built
 # in its own folder and timed in its own process, back to back on the same GPU, so that a change
 # is judged against its baseline in one run rather than against numbers from another day.
-#   BASE_TAR     tar of the baseline tree (default .carry/base.tar; made here with
-#                `mkdir -p .carry && git archive -o .carry/base.tar <rev>`, and carried)
-#   AB_ARGS      arguments of bench/moe_bench.py for both runs (default: decode and mid points)
-#   ROUNDS       base/this alternations (default 2: base, this, base, this; clocks drift under load)
-# Reports: $OUT/ab-base-<round>.md and $OUT/ab-this-<round>.md (the tables also print).
+#   VARIANTS     "name=tar ..." other trees to time before this one (default "base=.carry/base.tar";
+#                a tar made here with `mkdir -p .carry && git archive -o .carry/base.tar <rev>`, or
+#                `tar --exclude=.git -cf .carry/x.tar -C <worktree> .`; .carry travels in `carry`)
+#   AB_ARGS      arguments of bench/moe_bench.py for every run (default: decode and mid points)
+#   ROUNDS       alternations over the variants and this tree (default 2; clocks drift under load)
+# Reports: $OUT/ab-<name>-<round>.md, this tree's as name "this" (the tables also print).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}"
@@ -23,21 +24,28 @@ build_tree() {  # tree build-dir
     { grep -E "error|Error" "$2.log" | head -20; return 1; }
 }
 
-base=/tmp/ab-base
-rm -rf "$base" && mkdir -p "$base" && tar -xf "$base_tar" -C "$base" || { echo "ab_run: no baseline tree at $base_tar"; exit 1; }
-stamp "build baseline and this tree"
-build_tree "$base" /tmp/ab-base-build || exit 1
+variants="${VARIANTS:-base=$root/.carry/base.tar}"
+names=()
+for v in $variants; do
+  name="${v%%=*}" tar="${v#*=}"
+  rm -rf "/tmp/ab-$name" && mkdir -p "/tmp/ab-$name" && tar -xf "$tar" -C "/tmp/ab-$name" ||
+    { echo "ab_run: no tree at $tar"; exit 1; }
+  stamp "build $name"
+  build_tree "/tmp/ab-$name" "/tmp/ab-$name-build" || exit 1
+  names+=("$name")
+done
+stamp "build this tree"
 build_tree "$root" /tmp/ab-this-build || exit 1
+names+=(this)
 status=0
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for side in base this; do
-    tree=$([ "$side" = base ] && echo "$base" || echo "$root")
-    stamp "round $round: $side"
-    # Each side's own cache folder: the two generators may emit the same key for different kernels
-    # only if the version was not bumped; separate folders rule that out.
+  for name in "${names[@]}"; do
+    tree=$([ "$name" = this ] && echo "$root" || echo "/tmp/ab-$name")
+    stamp "round $round: $name"
+    # A cache folder per tree: a generator whose version was not bumped could otherwise share keys.
     # shellcheck disable=SC2086
-    (cd "$tree" && MOEJIT_CACHE_DIR="/tmp/ab-cache-$side" PYTHONPATH=python python3 bench/moe_bench.py $args \
-      --out "$out/ab-$side-$round.md" 2>&1 | grep -E "^\| [0-9]|^## |Ceilings" | head -60) || status=1
+    (cd "$tree" && MOEJIT_CACHE_DIR="/tmp/ab-cache-$name" PYTHONPATH=python python3 bench/moe_bench.py $args \
+      --out "$out/ab-$name-$round.md" 2>&1 | grep -E "^\| [0-9]|^## |Ceilings" | head -60) || status=1
   done
 done
 stamp "done"
