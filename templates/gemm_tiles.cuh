@@ -74,9 +74,10 @@ __device__ __forceinline__ void resolve_source_rows(const GemmArgs& args, long l
 // Copies k-tiles of a block's A rows and weight rows into 128-byte-swizzled shared tiles of
 // 64-element rows (BM A rows; HALVES * BN weight rows: the gate rows, then the up rows of the same
 // columns), by THREADS threads numbered 0.. (`thread`). Each thread copies the same 16-byte chunk
-// column of fixed tile rows in every stage, so its source rows are resolved once here and a stage
-// only adds k0. Null marks a row past the
-// tile's rows (A) or a column past N (W): those chunks, and those past K, are zero-filled.
+// column of fixed tile rows in every stage, so its source rows are resolved once and a stage only
+// adds k0. The weight rows are known from the expert and n0 alone, the A rows only once the tile's
+// source rows are (resolve_a), so a block can start its weight copies first. Null marks a row
+// past the tile's rows (A) or a column past N (W): those chunks, and those past K, are zero-filled.
 template <typename T, int BM, int BN, int HALVES, int THREADS, long long N, long long K>
 struct TileLoader {
   static constexpr int W_ROWS = HALVES * BN;
@@ -89,14 +90,9 @@ struct TileLoader {
   const T* mapped;  // any mapped address, for the zero-filling copies
   int chunk, first_row;
 
-  // a: the A matrix; w: this expert's [HALVES * N, K] weights; a_row: resolve_source_rows' table.
-  __device__ __forceinline__ TileLoader(const T* a, const T* w, const long long* a_row, long long n0, int thread)
+  // w: this expert's [HALVES * N, K] weights; the tile's columns start at n0.
+  __device__ __forceinline__ TileLoader(const T* w, long long n0, int thread)
       : mapped(w), chunk(thread & 7), first_row(thread >> 3) {
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-      const long long src = a_row[first_row + i * ROW_STEP];
-      a_src[i] = src >= 0 ? a + src * K + chunk * 8 : nullptr;
-    }
 #pragma unroll
     for (int i = 0; i < W_COPIES; ++i) {
       const int r = first_row + i * ROW_STEP;
@@ -106,13 +102,22 @@ struct TileLoader {
     }
   }
 
-  // Issues the copies of k-tile kt's A rows only (the weights come by TMA), not committed.
-  __device__ __forceinline__ void load_a(T* as, int kt) const { copy_rows(as, a_src, kt); }
+  // a: the A matrix; a_row: resolve_source_rows' table (shared memory, after its barrier).
+  __device__ __forceinline__ void resolve_a(const T* a, const long long* a_row) {
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+      const long long src = a_row[first_row + i * ROW_STEP];
+      a_src[i] = src >= 0 ? a + src * K + chunk * 8 : nullptr;
+    }
+  }
 
-  // Issues the copies of k-tile kt (64 columns) into the stage tiles `as` and `ws` (not committed).
+  // Issue the copies of k-tile kt (64 columns) into a stage's tiles, not committed: the A rows
+  // (after resolve_a), the weight rows, or both.
+  __device__ __forceinline__ void load_a(T* as, int kt) const { copy_rows(as, a_src, kt); }
+  __device__ __forceinline__ void load_w(T* ws, int kt) const { copy_rows(ws, w_src, kt); }
   __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
-    copy_rows(as, a_src, kt);
-    copy_rows(ws, w_src, kt);
+    load_a(as, kt);
+    load_w(ws, kt);
   }
 
  private:

@@ -81,23 +81,32 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   T* w_smem = a_smem + STAGES * A_STAGE;
   long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
 
-  // Grouped rasterization of the 1-D grid (see the header).
+  // Grouped rasterization of the 1-D grid (see the header). The schedule's count and this tile's
+  // entries are read together (a tile index below the grid's row tiles is inside the schedule's
+  // buffers; past the count its entries are not used), which saves one dependent round trip.
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
   const int tile = at.tile, col_tile = at.col_tile;
-  if (tile >= *args.num_tiles) return;
-
+  const int tiles = *args.num_tiles;
   const int expert = args.tile_expert[tile];
   const long long row0 = args.tile_row[tile];
-  const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
+  if (tile >= tiles) return;
   const long long n0 = static_cast<long long>(col_tile) * BN;
-
-  // Source row of each tile row, resolved once: the gather of GEMM 1 happens here.
-  resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);
-
-  const T* a = static_cast<const T*>(args.a);
   const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * EXPERT_W_ROWS * K;
 
-  const TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(a, w, a_row, n0, threadIdx.x);
+  // The weight rows of the pipeline's first stages are copied before the A rows are resolved
+  // (their chain of dependent reads: the expert's row count, then GEMM 1's gather), so the
+  // weights, most of a small-T GEMM's bytes, are in flight that much earlier. Group 0 then holds
+  // those weight copies and stage 0's A rows, group s stage s's A rows: stage kt is complete once
+  // group kt is, which is what the main loop's wait counts assume.
+  TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(w, n0, threadIdx.x);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < K_TILES) loader.load_w(w_smem + s * W_STAGE, s);
+
+  const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
+  // Source row of each tile row, resolved once: the gather of GEMM 1 happens here.
+  resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);
+  loader.resolve_a(static_cast<const T*>(args.a), a_row);
   auto load_stage = [&](int slot, int kt) { loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt); };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -113,7 +122,7 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < K_TILES) load_stage(s, s);
+    if (s < K_TILES) loader.load_a(a_smem + s * A_STAGE, s);
     commit_async();  // an empty group keeps the wait counts uniform
   }
 

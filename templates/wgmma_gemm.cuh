@@ -192,41 +192,58 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   unsigned long long* empty = full + STAGES;
 
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
-  if (at.tile >= *args.num_tiles) return;
+  // The schedule's count and this tile's entries are read together (a tile index below the grid's
+  // row tiles is inside the schedule's buffers; past the count its entries are not used).
+  const int tiles = *args.num_tiles;
   const int expert = args.tile_expert[at.tile];
   const long long row0 = args.tile_row[at.tile];
-  const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
+  if (at.tile >= tiles) return;
   const long long n0 = static_cast<long long>(at.col_tile) * BN;
+  const int warpgroup = threadIdx.x / 128;
+  const bool tma_thread = threadIdx.x == 128 * CONSUMERS;  // the producer's first thread
+
+  // The weight boxes of the first STAGES k-tiles depend on the expert and n0 alone: the TMA thread
+  // initializes the "full" barriers and issues them before the tile's rows and source rows are
+  // resolved (a chain of dependent reads), so a tile's first weights land that much earlier; the
+  // block barrier in resolve_source_rows publishes the barriers before anyone else uses them.
+  // Each such barrier then waits for these bytes, the arrival of the TMA thread that armed it and
+  // the producer's A copies of that stage (below).
+  auto issue_weights = [&](int slot, int kt) {
+    barrier_arrive_expecting(full + slot, W_STAGE * sizeof(T));  // whole boxes, zero-filled parts too
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h)
+      load_box(w_smem + slot * W_STAGE + h * BN * BK, &args.w_map, kt * BK, static_cast<int>(n0), expert * HALVES + h,
+               full + slot);
+  };
+  if (tma_thread) {
+    for (int s = 0; s < STAGES; ++s) barrier_init(full + s, 128 + 1);  // the producer's A copies, the TMA
+    fence_barrier_init();
+    for (int s = 0; s < STAGES && s < K_TILES; ++s) issue_weights(s, s);
+  }
+
+  const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   // An expert's last tile often has 64 rows or fewer: a consumer warpgroup whose rows all lie
   // past `rows` has no work, and leaving at once gives the other one the tensor cores.
   const int consumers = min(CONSUMERS, (rows + 63) / 64);
-  if (threadIdx.x < STAGES) {
-    barrier_init(full + threadIdx.x, 128 + 1);         // every producer thread's A copies, the weight TMA
-    barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
-    fence_barrier_init();
-  }
+  if (threadIdx.x < STAGES) barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
-  const int warpgroup = threadIdx.x / 128;
   if (warpgroup == CONSUMERS) {
     // Producer: fills slot kt % STAGES once the consumers have emptied its previous use; its first
-    // thread has the weight tile copied by TMA (a box per half), every thread copies A rows.
+    // thread has the weight tile copied by TMA (a box per half; the first STAGES were issued above),
+    // every thread copies A rows.
     // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
     // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
     // 5.37 -> 6.73 ms, bench/RESULTS.md).
     const int producer_thread = threadIdx.x - 128 * CONSUMERS;
-    const T* a = static_cast<const T*>(args.a);
     const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
-    const TileLoader<T, BM, BN, HALVES, 128, N, K> loader(a, w, a_row, n0, producer_thread);
+    TileLoader<T, BM, BN, HALVES, 128, N, K> loader(w, n0, producer_thread);
+    loader.resolve_a(static_cast<const T*>(args.a), a_row);
     int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
     for (int kt = 0; kt < K_TILES; ++kt) {
-      if (round > 0) barrier_wait(empty + slot, (round - 1) & 1);
-      if (producer_thread == 0) {
-        barrier_arrive_expecting(full + slot, W_STAGE * sizeof(T));  // whole boxes, zero-filled parts too
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-          load_box(w_smem + slot * W_STAGE + h * BN * BK, &args.w_map, kt * BK, static_cast<int>(n0),
-                   expert * HALVES + h, full + slot);
+      if (round > 0) {
+        barrier_wait(empty + slot, (round - 1) & 1);
+        if (tma_thread) issue_weights(slot, kt);
       }
       loader.load_a(a_smem + slot * A_STAGE, kt);
       barrier_arrive_when_copied(full + slot);
