@@ -9,7 +9,12 @@
 #   AUTOTUNE="p1 p2"  before the benchmark, `moejit compile --autotune --preset p` for each preset
 #                  (the benchmark's layers then use the stored tiles)
 #   NCU="preset:tokens:kernel-regex ..."  Nsight Compute on moejit_layer_check's kernels matching the
-#                  regex (--clock-control none: the clocks stay as found); report in $OUT/ncu-<n>.txt
+#                  regex (--clock-control none: the clocks stay as found); report in $OUT/ncu-<n>.txt.
+#                  NCU_COUNT kernels per probe (default 3), NCU_SECTIONS the sections (default five:
+#                  SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats). A prefill kernel of a
+#                  large layer (deepseek-v3 at T=4096) did not finish within 330 s with the defaults: the
+#                  profiler replays it once per pass and restores its memory; use NCU_COUNT=1
+#                  NCU_SECTIONS=SpeedOfLight there.
 #   SMI=1          log SM clock, power and throttle reasons every 200 ms during the benchmark
 #                  ($OUT/smi.csv) and print their range
 set -uo pipefail
@@ -42,8 +47,11 @@ for probe in ${NCU:-}; do
   IFS=: read -r preset tokens kernel <<<"$probe"
   n=$((n + 1))
   stamp "ncu $preset T=$tokens kernels ~ $kernel"
-  ncu --clock-control none -k "regex:$kernel" -c 3 --section SpeedOfLight --section LaunchStats \
-    --section Occupancy --section WarpStateStats --section SchedulerStats \
+  sections=()
+  for section in ${NCU_SECTIONS:-SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats}; do
+    sections+=(--section "$section")
+  done
+  ncu --clock-control none -k "regex:$kernel" -c "${NCU_COUNT:-3}" "${sections[@]}" \
     "$build/bench/moejit_layer_check" --preset "$preset" --tokens "$tokens" --iters 3 >"$out/ncu-$n.txt" 2>&1 || status=1
   grep -E "^  [a-z_]+.*\(|Duration|Elapsed Cycles|Registers Per|Threads|Warp Cycles Per Issued|Stall|Achieved Occupancy" \
     "$out/ncu-$n.txt" | head -40
