@@ -12,8 +12,8 @@
 #                  regex (--clock-control none: the clocks stay as found); report in $OUT/ncu-<n>.txt.
 #                  NCU_COUNT kernels per probe (default 3), NCU_SECTIONS the sections (default five:
 #                  SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats). A prefill kernel of a
-#                  large layer (deepseek-v3 at T=4096) did not finish within 330 s with the defaults: the
-#                  profiler replays it once per pass and restores its memory; use NCU_COUNT=1
+#                  large layer (deepseek-v3 at T=4096) did not finish within 330 s with the defaults
+#                  (the layer's setup plus a replay per section pass, not measured apart); try NCU_COUNT=1
 #                  NCU_SECTIONS=SpeedOfLight there.
 #   SMI=1          log SM clock, power and throttle reasons every 200 ms during the benchmark
 #                  ($OUT/smi.csv) and print their range
