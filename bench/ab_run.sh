@@ -11,7 +11,6 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}"
-base_tar="${BASE_TAR:-$root/.carry/base.tar}"
 args="${AB_ARGS:---quick --no-hf --presets qwen3-30b-a3b mixtral-8x7b deepseek-v3 --tokens 1 4 16 64 256}"
 mkdir -p "$out"
 start=$(date +%s)

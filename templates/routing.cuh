@@ -48,23 +48,17 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Unsigned max / min over the warp, the same in every lane.
-__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+// The unsigned max (MAX) or min over the warp, the same in every lane.
+template <bool MAX>
+__device__ __forceinline__ unsigned warp_extreme_u32(unsigned v) {
 #if __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-#endif
-}
-
-__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
-#if __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = min(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const unsigned other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = MAX ? max(v, other) : min(v, other);
+  }
   return v;
 #endif
 }
@@ -104,8 +98,9 @@ struct LaneKeys {
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (key[r] > best) best = key[r], best_r = r;  // strictly: the lower index keeps a tie
-    const unsigned top = warp_max_u32(best);
-    const int index = static_cast<int>(warp_min_u32(best == top ? static_cast<unsigned>(best_r * 32 + lane) : 0xffffffffu));
+    const unsigned top = warp_extreme_u32<true>(best);
+    const unsigned candidate = best == top ? static_cast<unsigned>(best_r * 32 + lane) : 0xffffffffu;
+    const int index = static_cast<int>(warp_extreme_u32<false>(candidate));  // the lowest index holding it
 #pragma unroll
     for (int r = 0; r < R; ++r) key[r] = r * 32 + lane == index ? order_key(taken()) : key[r];
     return index;
