@@ -71,66 +71,65 @@ __device__ __forceinline__ void resolve_source_rows(const GemmArgs& args, long l
   __syncthreads();
 }
 
-// Copies k-tiles of a block's A rows and weight rows into 128-byte-swizzled shared tiles of
-// 64-element rows (BM A rows; HALVES * BN weight rows: the gate rows, then the up rows of the same
-// columns), by THREADS threads numbered 0.. (`thread`). Each thread copies the same 16-byte chunk
-// column of fixed tile rows in every stage, so its source rows are resolved once and a stage only
-// adds k0. The weight rows are known from the expert and n0 alone, the A rows only once the tile's
-// source rows are (resolve_a), so a block can start its weight copies first. Null marks a row
-// past the tile's rows (A) or a column past N (W): those chunks, and those past K, are zero-filled.
-template <typename T, int BM, int BN, int HALVES, int THREADS, long long N, long long K>
-struct TileLoader {
-  static constexpr int W_ROWS = HALVES * BN;
-  static constexpr int A_COPIES = BM * 8 / THREADS, W_COPIES = W_ROWS * 8 / THREADS, ROW_STEP = THREADS / 8;
-  static_assert(BM * 8 % THREADS == 0 && W_ROWS * 8 % THREADS == 0, "copies split evenly over threads");
+// Copies k-tiles of ROWS tile rows into a 128-byte-swizzled shared tile of 64-element rows, by
+// THREADS threads numbered 0.. (`thread`). Each thread copies the same 16-byte chunk column of fixed
+// tile rows in every stage, so its source rows are resolved once (the derived loaders below) and a
+// stage only adds k0. A null source marks a row with no data (past the tile's rows, or a column past
+// N): its chunks, and those past K, are zero-filled from `mapped`, any mapped address.
+template <typename T, int ROWS, int THREADS, long long K>
+struct RowCopies {
+  static constexpr int COPIES = ROWS * 8 / THREADS, ROW_STEP = THREADS / 8;
+  static_assert(ROWS * 8 % THREADS == 0, "copies split evenly over threads");
   static_assert(K % 8 == 0, "rows are copied in 16-byte chunks");
 
-  const T* a_src[A_COPIES];
-  const T* w_src[W_COPIES];
-  const T* mapped;  // any mapped address, for the zero-filling copies
+  const T* src[COPIES];
+  const T* mapped;
   int chunk, first_row;
 
-  // w: this expert's [HALVES * N, K] weights; the tile's columns start at n0.
-  __device__ __forceinline__ TileLoader(const T* w, long long n0, int thread)
-      : mapped(w), chunk(thread & 7), first_row(thread >> 3) {
-#pragma unroll
-    for (int i = 0; i < W_COPIES; ++i) {
-      const int r = first_row + i * ROW_STEP;
-      const int half = r / BN;
-      const long long col = n0 + (r - half * BN);
-      w_src[i] = col < N ? w + (half * N + col) * K + chunk * 8 : nullptr;
-    }
-  }
+  __device__ __forceinline__ RowCopies(const T* mapped_address, int thread)
+      : mapped(mapped_address), chunk(thread & 7), first_row(thread >> 3) {}
 
-  // a: the A matrix; a_row: resolve_source_rows' table (shared memory, after its barrier).
-  __device__ __forceinline__ void resolve_a(const T* a, const long long* a_row) {
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-      const long long src = a_row[first_row + i * ROW_STEP];
-      a_src[i] = src >= 0 ? a + src * K + chunk * 8 : nullptr;
-    }
-  }
+  // The tile row of this thread's copy i.
+  __device__ __forceinline__ int row(int i) const { return first_row + i * ROW_STEP; }
 
-  // Issue the copies of k-tile kt (64 columns) into a stage's tiles, not committed: the A rows
-  // (after resolve_a), the weight rows, or both.
-  __device__ __forceinline__ void load_a(T* as, int kt) const { copy_rows(as, a_src, kt); }
-  __device__ __forceinline__ void load_w(T* ws, int kt) const { copy_rows(ws, w_src, kt); }
-  __device__ __forceinline__ void load(T* as, T* ws, int kt) const {
-    load_a(as, kt);
-    load_w(ws, kt);
-  }
-
- private:
-  // This thread's chunk of k-tile kt for the tile rows whose sources are src (null: zero-fill).
-  template <int COPIES>
-  __device__ __forceinline__ void copy_rows(T* tile, const T* const (&src)[COPIES], int kt) const {
+  // Issues this thread's copies of k-tile kt (64 columns) into `tile`, not committed.
+  __device__ __forceinline__ void load(T* tile, int kt) const {
     const long long k0 = static_cast<long long>(kt) * 64;
     const bool k_valid = k0 + chunk * 8 < K;
 #pragma unroll
     for (int i = 0; i < COPIES; ++i) {
       const bool valid = k_valid && src[i] != nullptr;
-      copy_16_async(shared_address(tile + swizzled(first_row + i * ROW_STEP, chunk)), valid ? src[i] + k0 : mapped,
-                    valid);
+      copy_16_async(shared_address(tile + swizzled(row(i), chunk)), valid ? src[i] + k0 : mapped, valid);
+    }
+  }
+};
+
+// A block's weight rows: HALVES * BN rows of this expert's [HALVES * N, K] weights w, the gate rows
+// from column n0, then (gated) the up rows of the same columns. Known from the expert and n0 alone,
+// so a block can start these copies before it has resolved its A rows.
+template <typename T, int BN, int HALVES, int THREADS, long long N, long long K>
+struct WeightRows : RowCopies<T, HALVES * BN, THREADS, K> {
+  __device__ __forceinline__ WeightRows(const T* w, long long n0, int thread)
+      : RowCopies<T, HALVES * BN, THREADS, K>(w, thread) {
+#pragma unroll
+    for (int i = 0; i < this->COPIES; ++i) {
+      const int r = this->row(i), half = r / BN;
+      const long long col = n0 + (r - half * BN);
+      this->src[i] = col < N ? w + (half * N + col) * K + this->chunk * 8 : nullptr;
+    }
+  }
+};
+
+// A block's A rows: BM rows of the matrix a, row i from a_row[i] (resolve_source_rows' table in
+// shared memory, after its barrier; -1: no row, zero-filled).
+template <typename T, int BM, int THREADS, long long K>
+struct SourceRows : RowCopies<T, BM, THREADS, K> {
+  __device__ __forceinline__ SourceRows(const T* a, const long long* a_row, int thread)
+      : RowCopies<T, BM, THREADS, K>(a, thread) {
+#pragma unroll
+    for (int i = 0; i < this->COPIES; ++i) {
+      const long long src = a_row[this->row(i)];
+      this->src[i] = src >= 0 ? a + src * K + this->chunk * 8 : nullptr;
     }
   }
 };

@@ -98,16 +98,19 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   // weights, most of a small-T GEMM's bytes, are in flight that much earlier. Group 0 then holds
   // those weight copies and stage 0's A rows, group s stage s's A rows: stage kt is complete once
   // group kt is, which is what the main loop's wait counts assume.
-  TileLoader<T, BM, BN, HALVES, THREADS, N, K> loader(w, n0, threadIdx.x);
+  const WeightRows<T, BN, HALVES, THREADS, N, K> weight_rows(w, n0, threadIdx.x);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
-    if (s < K_TILES) loader.load_w(w_smem + s * W_STAGE, s);
+    if (s < K_TILES) weight_rows.load(w_smem + s * W_STAGE, s);
 
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   // Source row of each tile row, resolved once: the gather of GEMM 1 happens here.
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);
-  loader.resolve_a(static_cast<const T*>(args.a), a_row);
-  auto load_stage = [&](int slot, int kt) { loader.load(a_smem + slot * A_STAGE, w_smem + slot * W_STAGE, kt); };
+  const SourceRows<T, BM, THREADS, K> a_rows(static_cast<const T*>(args.a), a_row, threadIdx.x);
+  auto load_stage = [&](int slot, int kt) {
+    a_rows.load(a_smem + slot * A_STAGE, kt);
+    weight_rows.load(w_smem + slot * W_STAGE, kt);
+  };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
@@ -122,7 +125,7 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < K_TILES) loader.load_a(a_smem + s * A_STAGE, s);
+    if (s < K_TILES) a_rows.load(a_smem + s * A_STAGE, s);
     commit_async();  // an empty group keeps the wait counts uniform
   }
 

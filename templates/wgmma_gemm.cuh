@@ -235,17 +235,14 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
     // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
     // 5.37 -> 6.73 ms, bench/RESULTS.md).
-    const int producer_thread = threadIdx.x - 128 * CONSUMERS;
-    const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * HALVES * N * K;
-    TileLoader<T, BM, BN, HALVES, 128, N, K> loader(w, n0, producer_thread);
-    loader.resolve_a(static_cast<const T*>(args.a), a_row);
+    const SourceRows<T, BM, 128, K> a_rows(static_cast<const T*>(args.a), a_row, threadIdx.x - 128 * CONSUMERS);
     int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
     for (int kt = 0; kt < K_TILES; ++kt) {
       if (round > 0) {
         barrier_wait(empty + slot, (round - 1) & 1);
         if (tma_thread) issue_weights(slot, kt);
       }
-      loader.load_a(a_smem + slot * A_STAGE, kt);
+      a_rows.load(a_smem + slot * A_STAGE, kt);
       barrier_arrive_when_copied(full + slot);
       if (++slot == STAGES) slot = 0, ++round;
     }
