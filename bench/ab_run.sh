@@ -7,6 +7,8 @@
 #                `tar --exclude=.git -cf .carry/x.tar -C <worktree> .`; .carry travels in `carry`)
 #   AB_ARGS      arguments of bench/moe_bench.py for every run (default: decode and mid points)
 #   ROUNDS       alternations over the variants and this tree (default 2; clocks drift under load)
+#   THIS_BUILD   build folder of this tree (default /tmp/ab-this-build; name device_run.sh's BUILD_DIR
+#                to reuse the build a GPU test run just made)
 # Reports: $OUT/ab-<name>-<round>.md, this tree's as name "this" (the tables also print).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,7 +36,7 @@ for v in $variants; do
   names+=("$name")
 done
 stamp "build this tree"
-build_tree "$root" /tmp/ab-this-build || exit 1
+build_tree "$root" "${THIS_BUILD:-/tmp/ab-this-build}" || exit 1
 names+=(this)
 status=0
 for round in $(seq 1 "${ROUNDS:-2}"); do
