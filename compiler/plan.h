@@ -20,8 +20,9 @@ const std::vector<Stage>& all_stages();
 // How the runtime derives a kernel's grid from the token count T (block size is `threads`).
 enum class GridRule {
   TokensPerBlock,     // ceil(T / per_block) blocks (routing: one warp a token)
-  PairsPerBlock,      // ceil(T*K / per_block) blocks (index count and scatter)
-  SingleBlock,        // 1 block (index scan)
+  PairsPerBlock,      // ceil(T*K / per_block) blocks (index count)
+  PairBlocksCapped,   // min(ceil(T*K / per_block), kMaxIndexScatterBlocks) blocks (index scatter)
+  SingleBlock,        // 1 block (routing and index in one launch)
   SortedRows,         // T*K blocks, one per expert-sorted row; rows past the local count exit
   RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (SIMT grouped GEMMs)
   RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
@@ -72,7 +73,7 @@ struct TileShape {
 };
 
 // A range of token counts that shares one GEMM tiling. GEMM 1 and 2 share the row tile height,
-// so one tile schedule (index_scan) serves both.
+// so one tile schedule (index_scatter's) serves both.
 struct TokenBucket {
   std::string name;         // "decode", "mid", "prefill"
   int64_t min_tokens = 1;   // inclusive
@@ -132,6 +133,11 @@ bool wgmma_arch(const std::string& arch);
 int64_t max_row_tiles(const MoeConfig& config, int64_t tokens, int bm);
 
 constexpr int kPairsPerIndexBlock = 1024;
+// Warps of an index_count / index_scatter block (each scatter warp places a slice of 128 pairs).
+constexpr int kIndexWarps = 8;
+// Every index_scatter block reads the whole count table (index.cuh); this cap keeps those reads
+// linear in T*K. Up to 128 * 1024 pairs each scatter block places one count block's pairs.
+constexpr int64_t kMaxIndexScatterBlocks = 128;
 
 // Up to this many tokens forward() routes and indexes in one single-block launch
 // (route_index.cuh); experts() indexes in one launch whenever T*K <= kPairsPerIndexBlock.

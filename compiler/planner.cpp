@@ -103,15 +103,15 @@ std::vector<KernelPlan> index_kernels(const MoeConfig& c) {
   const std::vector<SpecItem> spec = {
       {"int", "kLocalExperts", std::to_string(c.local_experts())},
       {"int", "kPairsPerBlock", std::to_string(kPairsPerIndexBlock)},
+      {"int", "kIndexWarps", std::to_string(kIndexWarps)},
   };
   struct Step {
     const char* name;
     LaunchRule launch;
   };
   const Step steps[] = {
-      {"count", {GridRule::PairsPerBlock, 32, kPairsPerIndexBlock}},
-      {"scan", {GridRule::SingleBlock, 32, 1}},
-      {"scatter", {GridRule::PairsPerBlock, 32, kPairsPerIndexBlock}},
+      {"count", {GridRule::PairsPerBlock, 32 * kIndexWarps, kPairsPerIndexBlock}},
+      {"scatter", {GridRule::PairBlocksCapped, 32 * kIndexWarps, kPairsPerIndexBlock}},
   };
   for (const auto& step : steps) {
     KernelPlan k;
@@ -389,6 +389,10 @@ std::string_view to_string(GridRule rule) {
   switch (rule) {
     case GridRule::TokensPerBlock: return "ceil(T / per_block) blocks";
     case GridRule::PairsPerBlock: return "ceil(T*K / per_block) blocks";
+    case GridRule::PairBlocksCapped: {
+      static const std::string text = fmt::format("min(ceil(T*K / per_block), {}) blocks", kMaxIndexScatterBlocks);
+      return text;
+    }
     case GridRule::SingleBlock: return "1 block";
     case GridRule::SortedRows: return "T*K blocks (one per sorted row)";
     case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";

@@ -28,7 +28,7 @@ constexpr int kMaxBuckets = 8;
 
 // Which plan kernel plays which part; indices into Plan::kernels, -1 when absent.
 struct Roles {
-  int routing = -1, index_count = -1, index_scan = -1, index_scatter = -1, route_index = -1;
+  int routing = -1, index_count = -1, index_scatter = -1, route_index = -1;
   int quantize_expand = -1, quantize_act = -1, combine = -1;
   std::array<int, kMaxBuckets> gemm1{}, gemm2{};
 };
@@ -45,7 +45,6 @@ Roles find_roles(const Plan& plan) {
     const int n = static_cast<int>(i);
     if (k.stage == Stage::Routing) r.routing = n;
     if (k.device_function == "moejit::index_count") r.index_count = n;
-    if (k.device_function == "moejit::index_scan") r.index_scan = n;
     if (k.device_function == "moejit::index_scatter") r.index_scatter = n;
     if (k.device_function == "moejit::route_and_index") r.route_index = n;
     if (k.device_function == "moejit::quantize_rows") (k.stage == Stage::Expand ? r.quantize_expand : r.quantize_act) = n;
@@ -150,9 +149,9 @@ class LayerImpl final : public Layer {
 
   int launches(int64_t tokens) const override {
     if (tokens <= 0) return 0;
-    // routing + index (1 launch when fused, else 4), 2 GEMMs, combine; w8a8 adds the two
+    // routing + index (1 launch when fused, else 3), 2 GEMMs, combine; w8a8 adds the two
     // quantizations.
-    return (fused_route_index(tokens) ? 1 : 4) + 3 + (config().quant == Quant::W8A8Int8 ? 2 : 0);
+    return (fused_route_index(tokens) ? 1 : 3) + 3 + (config().quant == Quant::W8A8Int8 ? 2 : 0);
   }
 
   void forward(void* stream_handle, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
@@ -314,8 +313,7 @@ class LayerImpl final : public Layer {
     IndexArgs index = index_args(tokens, ids, ws, o);
     const int64_t index_blocks = ceil_div(index.pairs, kPairsPerIndexBlock);
     launch(run, roles_.index_count, {index_blocks, 1}, &index);
-    launch(run, roles_.index_scan, {1, 1}, &index);
-    launch(run, roles_.index_scatter, {index_blocks, 1}, &index);
+    launch(run, roles_.index_scatter, {std::min(index_blocks, kMaxIndexScatterBlocks), 1}, &index);
   }
 
   // Stages 3-6, after the index.

@@ -21,7 +21,7 @@ struct IndexArgs {
   int expert_begin;          // s = ep_rank * E_loc: the first local expert (run-time, so every
                              // rank of an expert-parallel group shares one binary)
   int tile_rows;             // rows per GEMM tile (BM of the token bucket in use)
-  int* block_counts;         // [ceil(M / PAIRS_PER_BLOCK), E_loc]: per-block counts, then prefixes
+  int* block_counts;         // [ceil(M / PAIRS_PER_BLOCK), E_loc]: per-block counts
   int* expert_counts;        // [E_loc]
   int* expert_offsets;       // [E_loc + 1]: exclusive prefix; [E_loc] = local pairs
   int* sorted_pair;          // [M] position p -> flat pair f (dst_to_src)

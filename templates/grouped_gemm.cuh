@@ -4,7 +4,7 @@
 // This is the portable SIMT version (shared-memory tiles, a 16x16 thread grid, fp32 or int32
 // accumulation), correct for every shape; the Hopper wgmma/TMA kernels replace it where it pays.
 //
-// Grid: x = row tile (from index_scan's schedule; tiles past *num_tiles exit), y = column tile.
+// Grid: x = row tile (from index_scatter's schedule; tiles past *num_tiles exit), y = column tile.
 //
 // Spec:
 //   using A, W, Out; using Acc (float, or int for int8 x int8)

@@ -1,17 +1,29 @@
 // Stage 2: index generation, a stable counting sort of the M = T*K pairs by local expert, done
 // on the device so a layer call never waits for the host (DESIGN.md decision 6).
 //
-//   index_count   one warp per block of kPairsPerBlock pairs: per-block expert counts
-//   index_scan    one warp: per-expert prefix over blocks, expert offsets, GEMM row tiles
-//   index_scatter one warp per block again: sorted_pair / pair_pos at stable positions
-//   index_single_block  all three steps in one warp when M <= kPairsPerBlock (route_index.cuh),
-//                 with the pairs' experts, the counts and the offsets kept in shared memory
+//   index_count   a block of kIndexWarps warps per kPairsPerBlock pairs: per-block expert counts
+//                 (shared-memory atomics: a count needs no order)
+//   index_scatter up to kMaxIndexScatterBlocks blocks, each over a run of count blocks: every block
+//                 sums the count table itself (the experts' totals and the counts of the blocks
+//                 before its run), so no scan kernel sits between the two; block 0 also writes the
+//                 expert offsets and the GEMM row tiles. Then sorted_pair / pair_pos at stable
+//                 positions, each warp over its own slice of a count block's pairs.
+//   index_single_block  all of it in one warp when M <= kPairsPerBlock (route_index.cuh), with the
+//                 pairs' experts, the counts and the offsets kept in shared memory
 //
-// Stability: a block walks its pairs in ascending f, 32 at a time; within 32 lanes the rank among
-// lanes with the same expert is a popcount of the lower lanes, so position order is f order and
-// the result is bitwise the same on every run.
+// Stability: position order within an expert is flat pair order f. A pair's position is its
+// expert's offset + the pairs of that expert in earlier blocks + in earlier warp slices of its
+// block + in earlier 32-pair steps of its warp + the lanes before it with the same expert (a
+// popcount of the lower lanes); the result is bitwise the same on every run.
 //
-// Spec: kLocalExperts, kPairsPerBlock (multiple of 32).
+// NOTES: the two-kernel form replaced count / scan / scatter with one warp per block, whose
+// dependent chain (three kernels, 32 serial 32-pair steps per warp, a one-warp scan over the
+// block counts) took about 29 us at Qwen3-30B-A3B T=4096 on the H200 (bench/RESULTS.md).
+// Each scatter block re-reads the whole [count blocks, E_loc] table: 16 KiB at T*K = 32768 and
+// E_loc = 128, far less than one more kernel in the chain costs; capping the scatter blocks keeps
+// those reads linear in T*K (at most kMaxIndexScatterBlocks tables; plan.h).
+//
+// Spec: kLocalExperts (<= 1024), kPairsPerBlock (a multiple of 32 * kIndexWarps), kIndexWarps (<= 8).
 #pragma once
 
 #include "moejit/common.cuh"
@@ -26,15 +38,16 @@ __device__ __forceinline__ int local_expert_of(const IndexArgs& args, long long 
   return (local >= 0 && local < Spec::kLocalExperts) ? local : -1;
 }
 
-// One warp reads the local experts of the pairs [begin, begin + kPairsPerBlock) (-1 from `end` on)
-// into experts[] (shared memory). The loads are independent and unrolled, so the walks over the
-// pairs in 32-pair steps below wait for global memory a few times instead of once per step.
-template <typename Spec>
-__device__ __forceinline__ void stage_pair_experts(const IndexArgs& args, long long begin, long long end, int* experts) {
-  const int lane = threadIdx.x % 32;
+// THREADS threads (thread = their index) read the local experts of the pairs [begin, begin +
+// kPairsPerBlock) (-1 from `end` on) into experts[] (shared memory). The loads are independent and
+// unrolled, so the walks over the pairs in 32-pair steps below wait for global memory a few times
+// instead of once per step. The caller synchronizes its THREADS threads before reading experts[].
+template <typename Spec, int THREADS>
+__device__ __forceinline__ void stage_pair_experts(const IndexArgs& args, long long begin, long long end, int* experts,
+                                                   int thread) {
+  static_assert(Spec::kPairsPerBlock % THREADS == 0, "whole rounds of loads");
 #pragma unroll 8
-  for (int i = lane; i < Spec::kPairsPerBlock; i += 32) experts[i] = local_expert_of<Spec>(args, begin + i, end);
-  __syncwarp();
+  for (int i = thread; i < Spec::kPairsPerBlock; i += THREADS) experts[i] = local_expert_of<Spec>(args, begin + i, end);
 }
 
 // One warp adds the pairs [begin, end) to counts[local expert] (shared memory); expert_of(f) is
@@ -83,11 +96,12 @@ __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
   return v;
 }
 
-// One warp, from the per-expert totals count[] (shared memory): expert_counts, expert_offsets and
-// the GEMM row tiles; lane l owns experts [l*CHUNK, (l+1)*CHUNK), and tile t of expert e covers
-// tile_rows sorted rows from offset[e] + t * tile_rows. first (shared, or null) receives offset[e].
+// One warp, from the per-expert totals count[] (shared memory): start[e] (shared) += expert e's
+// first sorted position; with publish also expert_counts, expert_offsets and the GEMM row tiles
+// (one block of a launch publishes). Lane l owns experts [l*CHUNK, (l+1)*CHUNK), and tile t of
+// expert e covers tile_rows sorted rows from offset[e] + t * tile_rows.
 template <typename Spec>
-__device__ void write_offsets_and_tiles(const IndexArgs& args, const int* count, int* first_position) {
+__device__ void write_offsets_and_tiles(const IndexArgs& args, const int* count, int* start, bool publish) {
   constexpr int E = Spec::kLocalExperts;
   constexpr int CHUNK = (E + 31) / 32;
   const int lane = threadIdx.x % 32;
@@ -101,84 +115,118 @@ __device__ void write_offsets_and_tiles(const IndexArgs& args, const int* count,
   const int tiles_end = warp_inclusive_sum(tiles, lane);
   int offset = rows_end - rows, tile = tiles_end - tiles;
   for (int e = first; e < min(first + CHUNK, E); ++e) {
-    args.expert_counts[e] = count[e];
-    args.expert_offsets[e] = offset;
-    if (first_position) first_position[e] = offset;
+    start[e] += offset;
     const int expert_tiles = (count[e] + args.tile_rows - 1) / args.tile_rows;
-    for (int t = 0; t < expert_tiles; ++t) {
-      args.tile_expert[tile + t] = e;
-      args.tile_row[tile + t] = offset + t * args.tile_rows;
+    if (publish) {
+      args.expert_counts[e] = count[e];
+      args.expert_offsets[e] = offset;
+      for (int t = 0; t < expert_tiles; ++t) {
+        args.tile_expert[tile + t] = e;
+        args.tile_row[tile + t] = offset + t * args.tile_rows;
+      }
     }
     offset += count[e];
     tile += expert_tiles;
   }
-  if (lane == 31) {
+  if (publish && lane == 31) {
     args.expert_offsets[E] = rows_end;
     *args.num_tiles = tiles_end;
   }
 }
 
+// A block of kIndexWarps warps per kPairsPerBlock pairs: block_counts[blockIdx.x][e].
 template <typename Spec>
 __device__ void index_count(const IndexArgs& args) {
-  __shared__ int counts[Spec::kLocalExperts];
-  __shared__ int pair_expert[Spec::kPairsPerBlock];
-  const int lane = threadIdx.x;
-  for (int e = lane; e < Spec::kLocalExperts; e += 32) counts[e] = 0;
+  constexpr int E = Spec::kLocalExperts, THREADS = 32 * Spec::kIndexWarps, PER_THREAD = Spec::kPairsPerBlock / THREADS;
+  static_assert(Spec::kPairsPerBlock % THREADS == 0, "whole rounds of pairs");
+  __shared__ int counts[E];
+  for (int e = threadIdx.x; e < E; e += THREADS) counts[e] = 0;
   const long long begin = static_cast<long long>(blockIdx.x) * Spec::kPairsPerBlock;
   const long long end = min(begin + Spec::kPairsPerBlock, args.pairs);
-  stage_pair_experts<Spec>(args, begin, end, pair_expert);
-  count_pairs(begin, end, [&](long long f) { return pair_expert[f - begin]; }, counts);
-  int* out = args.block_counts + static_cast<long long>(blockIdx.x) * Spec::kLocalExperts;
-  for (int e = lane; e < Spec::kLocalExperts; e += 32) out[e] = counts[e];
+  int expert[PER_THREAD];  // every load first, then the atomics
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) expert[i] = local_expert_of<Spec>(args, begin + i * THREADS + threadIdx.x, end);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i)
+    if (expert[i] >= 0) atomicAdd(&counts[expert[i]], 1);
+  __syncthreads();
+  int* out = args.block_counts + static_cast<long long>(blockIdx.x) * E;
+  for (int e = threadIdx.x; e < E; e += THREADS) out[e] = counts[e];
 }
 
-// One warp. NOTES: written with shuffles rather than cub::BlockScan because CUB's headers cost
-// NVRTC 1.2 s per unit, most of a layer's cold compile; a 32-lane scan over E_loc <= 1024
-// counts is a few instructions.
-template <typename Spec>
-__device__ void index_scan(const IndexArgs& args) {
-  constexpr int E = Spec::kLocalExperts;
-  __shared__ int count[E];
-  const int lane = threadIdx.x;
-  // Per expert: exclusive prefix of the block counts (in place, for index_scatter) and the total.
-  // The counts are read BATCH blocks at a time with independent loads: one wait per batch.
-  constexpr int BATCH = 16;
-  const long long blocks = (args.pairs + Spec::kPairsPerBlock - 1) / Spec::kPairsPerBlock;
-  for (int e = lane; e < E; e += 32) {
-    int running = 0;
-    for (long long b0 = 0; b0 < blocks; b0 += BATCH) {
-      int here[BATCH];
-#pragma unroll
-      for (int j = 0; j < BATCH; ++j) here[j] = b0 + j < blocks ? args.block_counts[(b0 + j) * E + e] : 0;
-#pragma unroll
-      for (int j = 0; j < BATCH; ++j) {
-        if (b0 + j < blocks) args.block_counts[(b0 + j) * E + e] = running;
-        running += here[j];
-      }
-    }
-    count[e] = running;
-  }
-  __syncwarp();
-  write_offsets_and_tiles<Spec>(args, count, nullptr);
-}
-
+// After index_count, min(count blocks, kMaxIndexScatterBlocks) blocks of kIndexWarps warps; block b
+// places the pairs of a contiguous run of count blocks, one count block at a time.
 template <typename Spec>
 __device__ void index_scatter(const IndexArgs& args) {
-  __shared__ int next[Spec::kLocalExperts];
-  __shared__ int pair_expert[Spec::kPairsPerBlock];
-  const int lane = threadIdx.x;
-  const int* prefix = args.block_counts + static_cast<long long>(blockIdx.x) * Spec::kLocalExperts;
-  for (int e = lane; e < Spec::kLocalExperts; e += 32) next[e] = args.expert_offsets[e] + prefix[e];
-  const long long begin = static_cast<long long>(blockIdx.x) * Spec::kPairsPerBlock;
-  const long long end = min(begin + Spec::kPairsPerBlock, args.pairs);
-  stage_pair_experts<Spec>(args, begin, end, pair_expert);
-  scatter_pairs(args, begin, end, [&](long long f) { return pair_expert[f - begin]; }, next);
+  constexpr int E = Spec::kLocalExperts, WARPS = Spec::kIndexWarps, THREADS = 32 * WARPS;
+  constexpr int P = Spec::kPairsPerBlock, SLICE = P / WARPS;  // pairs per warp, in flat order
+  static_assert(P % THREADS == 0, "warp slices of whole 32-pair steps");
+  static_assert(E <= 1024 && WARPS <= 8, "the shared-memory tables below fit 48 KiB");
+  __shared__ int total[E];        // pairs of expert e in all count blocks
+  __shared__ int start[E];        // next position of expert e's pairs in this block's run
+  __shared__ int next[WARPS][E];  // warp w: its count of expert e in the current count block, then its next position
+  __shared__ int pair_expert[P];
+  const int warp = threadIdx.x / 32;
+  const long long count_blocks = (args.pairs + P - 1) / P;
+  const long long first = blockIdx.x * count_blocks / gridDim.x, last = (blockIdx.x + 1) * count_blocks / gridDim.x;
+  for (int e = threadIdx.x; e < E; e += THREADS) total[e] = start[e] = 0;
+  __syncthreads();
+
+  // The count table, [count_blocks, E] in order: coalesced loads, UNROLL independent ones per round.
+  // Every block reads all of it (gridDim.x <= kMaxIndexScatterBlocks bounds the reads to that many tables).
+  const long long before = first * E, entries = count_blocks * E;
+  constexpr int UNROLL = 8;
+  for (long long i0 = 0; i0 < entries; i0 += UNROLL * THREADS) {
+    int c[UNROLL];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const long long i = i0 + j * THREADS + threadIdx.x;
+      c[j] = i < entries ? args.block_counts[i] : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const long long i = i0 + j * THREADS + threadIdx.x;
+      if (c[j] == 0) continue;
+      const int e = static_cast<int>(i % E);
+      atomicAdd(&total[e], c[j]);
+      if (i < before) atomicAdd(&start[e], c[j]);
+    }
+  }
+  __syncthreads();
+  if (warp == 0) write_offsets_and_tiles<Spec>(args, total, start, blockIdx.x == 0);
+  // (write_offsets_and_tiles updates start[]; the barrier inside the loop orders it before use)
+
+  for (long long block = first; block < last; ++block) {
+    const long long begin = block * P, end = min(begin + P, args.pairs);
+    stage_pair_experts<Spec, THREADS>(args, begin, end, pair_expert, threadIdx.x);
+    for (int e = threadIdx.x % 32; e < E; e += 32) next[warp][e] = 0;  // the warp's own row
+    __syncthreads();
+    const long long slice_begin = begin + warp * SLICE, slice_end = min(slice_begin + SLICE, end);
+    const auto expert_of = [&, begin](long long f) { return pair_expert[f - begin]; };
+    count_pairs(slice_begin, slice_end, expert_of, next[warp]);
+    __syncthreads();
+    // Exclusive prefix over the warps: warp w's pairs of expert e follow those of warps < w.
+    for (int e = threadIdx.x; e < E; e += THREADS) {
+      int running = start[e];
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const int count = next[w][e];
+        next[w][e] = running;
+        running += count;
+      }
+      start[e] = running;
+    }
+    __syncthreads();
+    scatter_pairs(args, slice_begin, slice_end, expert_of, next[warp]);
+    __syncthreads();  // pair_expert and next[] are reused by the next count block
+  }
 }
 
-// The three steps as one warp of a one-block launch (M <= kPairsPerBlock). The separate steps
-// hand their results over through global memory (block_counts, expert_offsets), a chain of
-// dependent round trips; here the pairs' experts are read once and everything after stays in
-// shared memory. block_counts is not written: only index_scan and index_scatter read it.
+// The index as one warp of a one-block launch (M <= kPairsPerBlock). The multi-block kernels
+// hand their results over through global memory (block_counts), a chain of dependent round trips;
+// here the pairs' experts are read once and everything after stays in shared memory.
+// block_counts is not written: only index_scatter reads it.
 template <typename Spec>
 __device__ void index_single_block(const IndexArgs& args) {
   constexpr int E = Spec::kLocalExperts;
@@ -187,12 +235,13 @@ __device__ void index_single_block(const IndexArgs& args) {
   __shared__ int next[E];
   const int lane = threadIdx.x % 32;
   const long long pairs = args.pairs;
-  for (int e = lane; e < E; e += 32) count[e] = 0;
-  stage_pair_experts<Spec>(args, 0, pairs, pair_expert);
+  for (int e = lane; e < E; e += 32) count[e] = next[e] = 0;
+  stage_pair_experts<Spec, 32>(args, 0, pairs, pair_expert, lane);
+  __syncwarp();
   const auto expert_of = [&](long long f) { return pair_expert[f]; };
   count_pairs(0, pairs, expert_of, count);
   __syncwarp();
-  write_offsets_and_tiles<Spec>(args, count, next);
+  write_offsets_and_tiles<Spec>(args, count, next, true);
   __syncwarp();
   scatter_pairs(args, 0, pairs, expert_of, next);
 }

@@ -1,7 +1,7 @@
 // Stages 1 and 2 in one launch for small batches (the decode bucket): one block routes every
 // token (a warp per token, kWarps warps), then its first warp runs the index steps of index.cuh
-// (count, scan, scatter) over all T*K <= kPairsPerBlock pairs, in shared memory
-// (index_single_block). Three of a decode layer's seven launches disappear, and with them the
+// (count, offsets, scatter) over all T*K <= kPairsPerBlock pairs, in shared memory
+// (index_single_block). Two of a decode layer's six launches disappear, and with them the
 // gaps between dependent kernels.
 // The result is bitwise the one of the separate kernels (same routing code, same stable order).
 //
