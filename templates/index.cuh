@@ -87,6 +87,9 @@ __device__ __forceinline__ void scatter_pairs(const IndexArgs& args, long long b
 }
 
 // Inclusive prefix sum across the 32 lanes (Hillis-Steele with shuffles).
+// NOTES: the scans and sums of this file are written with shuffles and shared-memory atomics
+// rather than cub::WarpScan / cub::BlockReduce because CUB's headers cost NVRTC 1.2 s per unit,
+// most of a layer's cold compile; over E_loc <= 1024 counts they are a few instructions.
 __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
 #pragma unroll
   for (int offset = 1; offset < 32; offset *= 2) {
