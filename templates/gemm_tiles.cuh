@@ -31,12 +31,15 @@ __device__ __forceinline__ void wait_async() {
 // a tile that starts on a 1024-byte boundary is exactly Hopper's 128-byte swizzle layout.
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * 64 + ((chunk ^ (row & 7)) << 3); }
 
+__device__ __forceinline__ unsigned bits_of(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ unsigned bits_of(__half v) { return __half_as_ushort(v); }
+
+// Two adjacent 16-bit outputs (at: 4-byte aligned) as one 4-byte store. (A two-member struct
+// store compiled to two 2-byte stores in the mma.sync kernels' PTX.)
 template <typename T>
 __device__ __forceinline__ void store_pair(T* at, float x, float y) {
-  struct alignas(4) Pair {
-    T lo, hi;
-  };
-  *reinterpret_cast<Pair*>(at) = Pair{from_float<T>(x), from_float<T>(y)};
+  static_assert(sizeof(T) == 2, "16-bit outputs");
+  *reinterpret_cast<unsigned*>(at) = bits_of(from_float<T>(x)) | bits_of(from_float<T>(y)) << 16;
 }
 
 // The (row tile, column tile) of this block in a 1-D grid of max_row_tiles * col_tiles blocks,

@@ -144,6 +144,15 @@ __device__ __forceinline__ void barrier_arrive_when_copied(unsigned long long* b
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(tile::shared_address(bar)) : "memory");
 }
 
+// Waits until `threads` threads (whole warps) have arrived at named barrier ID (1..15; 0 is
+// __syncthreads'), so a subset of the block can synchronize. ID is a constant: with a run-time id
+// ptxas reserves all 16 barriers.
+template <int ID>
+__device__ __forceinline__ void named_barrier_sync(int threads) {
+  static_assert(ID > 0 && ID < 16, "named barriers 1..15");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+
 // Pins the accumulators in place: the compiler may not move their reads or writes across this
 // point, so nothing touches them while a wgmma that owns them is in flight.
 template <int FLOATS>
@@ -285,24 +294,65 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   const int lane = threadIdx.x % 32;
   const int row_base = warpgroup * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
   T* out = static_cast<T*>(args.out);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const long long col = n0 + j * 8 + (lane % 4) * 2;
-    if (col >= N) continue;  // N is even, so col + 1 < N too
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_base + h * 8;
-      if (r >= rows) continue;
-      float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
-      if constexpr (Spec::kGemm1) {
-        x = activate<Spec::kAct>(x);
-        y = activate<Spec::kAct>(y);
-        if constexpr (Spec::kGated) {
-          x *= acc[4 * (j + BN / 8) + 2 * h];
-          y *= acc[4 * (j + BN / 8) + 2 * h + 1];
-        }
+  // The value of accumulator pair (j, h), activated (and gated) for GEMM 1.
+  auto output_pair = [&](int j, int h, float& x, float& y) {
+    x = acc[4 * j + 2 * h];
+    y = acc[4 * j + 2 * h + 1];
+    if constexpr (Spec::kGemm1) {
+      x = activate<Spec::kAct>(x);
+      y = activate<Spec::kAct>(y);
+      if constexpr (Spec::kGated) {
+        x *= acc[4 * (j + BN / 8) + 2 * h];
+        y *= acc[4 * (j + BN / 8) + 2 * h + 1];
       }
-      store_pair(out + (row0 + r) * N + col, x, y);
+    }
+  };
+  if constexpr (N % 8 == 0) {
+    // Through shared memory: a warp's direct stores would write 16 bytes into each of 8 rows, half
+    // sectors that L2 merges one by one; staged, each thread stores 16 bytes and a warp whole
+    // 128-byte lines (N % 8 == 0 keeps every row's chunks 16-byte aligned). The stage reuses the
+    // pipeline, whose last reads every working consumer has retired at the first barrier; rows are
+    // PITCH elements apart, 16 bytes more than a row, so the pair stores of a warp hit 32 banks.
+    constexpr int PITCH = BN + 8, CHUNKS = BN / 8;  // 16-byte chunks per row
+    static_assert(BM * PITCH * sizeof(T) <= static_cast<size_t>(STAGES) * (A_STAGE + W_STAGE) * sizeof(T),
+                  "the staged tile fits the pipeline's shared memory");
+    static_assert(128 % CHUNKS == 0, "a warpgroup copies whole rows per pass");
+    T* stage = a_smem;
+    named_barrier_sync<1>(128 * consumers);  // every working consumer is done with the pipeline
+    T* staged = stage + row_base * PITCH + (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (row_base + h * 8 >= rows) continue;  // never stored (and fewer live values at a time)
+        float x, y;
+        output_pair(j, h, x, y);
+        store_pair(staged + h * 8 * PITCH + j * 8, x, y);
+      }
+    if (warpgroup == 0)  // this warpgroup's 64 rows are staged
+      named_barrier_sync<2>(128);
+    else
+      named_barrier_sync<3>(128);
+    constexpr int ROWS_PER_PASS = 128 / CHUNKS;
+    const int chunk = (threadIdx.x % 128) % CHUNKS;
+    const long long col = n0 + chunk * 8;
+#pragma unroll 4
+    for (int r = warpgroup * 64 + (threadIdx.x % 128) / CHUNKS; r < warpgroup * 64 + 64; r += ROWS_PER_PASS)
+      if (r < rows && col < N)
+        *reinterpret_cast<uint4*>(out + (row0 + r) * N + col) = *reinterpret_cast<const uint4*>(stage + r * PITCH + chunk * 8);
+  } else {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const long long col = n0 + j * 8 + (lane % 4) * 2;
+      if (col >= N) continue;  // N is even, so col + 1 < N too
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_base + h * 8;
+        if (r >= rows) continue;
+        float x, y;
+        output_pair(j, h, x, y);
+        store_pair(out + (row0 + r) * N + col, x, y);
+      }
     }
   }
 }
