@@ -319,6 +319,10 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     static_assert(128 % CHUNKS == 0, "a warpgroup copies whole rows per pass");
     T* stage = a_smem;
     named_barrier_sync<1>(128 * consumers);  // every working consumer is done with the pipeline
+    // The stage was last written by TMA (async proxy) and read by wgmma (async proxy, retired by
+    // every consumer's wait above); the proxy fence orders those accesses before the generic-proxy
+    // stores below (belt and braces: once per tile).
+    fence_shared_for_async();
     T* staged = stage + row_base * PITCH + (lane % 4) * 2;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
