@@ -309,8 +309,9 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   };
   if constexpr (N % 8 == 0) {
     // Through shared memory: a warp's direct stores would write 16 bytes into each of 8 rows, half
-    // sectors that L2 merges one by one; staged, each thread stores 16 bytes and a warp whole
-    // 128-byte lines (N % 8 == 0 keeps every row's chunks 16-byte aligned). The stage reuses the
+    // sectors that L2 merges one by one; staged, each thread stores 16 bytes and a warp covers
+    // its rows' 2 BN contiguous bytes each (whole 128-byte lines when 2 N and 2 n0 are multiples of 128;
+    // N % 8 == 0 keeps every row's chunks 16-byte aligned). The stage reuses the
     // pipeline, whose last reads every working consumer has retired at the first barrier; rows are
     // PITCH elements apart, 16 bytes more than a row, so the pair stores of a warp hit 32 banks.
     constexpr int PITCH = BN + 8, CHUNKS = BN / 8;  // 16-byte chunks per row
