@@ -52,18 +52,19 @@ std::string spec_struct(const KernelPlan& k) {
 // NOTES: minBlocksPerSM 1 is spelled out: without it NVRTC's ptxas capped the fused route+index
 // kernel at 40-48 registers and spilled, although its launch bound allowed far more.
 // Every entry first waits for the kernel before it in the stream (common.cuh: the runtime may
-// launch it while that kernel still runs), then lets the next one launch.
+// launch it while that kernel still runs), then lets the next one launch; a kernel that waits in
+// its body (KernelPlan::waits_in_body) does both there.
 // The wgmma GEMM's argument is __grid_constant__: its TMA takes the address of the tensor map
 // inside the kernel parameter, which without the qualifier would be copied to local memory first.
 std::string entry_point(const KernelPlan& k) {
   const bool grid_constant = k.device_function == "moejit::grouped_gemm_wgmma";
   return fmt::format(
       "extern \"C\" __global__ void __launch_bounds__({}, 1) {}(const {}{} args) {{\n"
-      "  moejit::wait_for_previous_kernel();\n"
-      "  moejit::allow_next_kernel_launch();\n"
+      "{}"
       "  {}<moejit_generated::{}>(args);\n}}\n",
-      k.launch.threads, k.entry, grid_constant ? "__grid_constant__ " : "", k.args_type, k.device_function,
-      k.spec_name);
+      k.launch.threads, k.entry, grid_constant ? "__grid_constant__ " : "", k.args_type,
+      k.waits_in_body ? "" : "  moejit::wait_for_previous_kernel();\n  moejit::allow_next_kernel_launch();\n",
+      k.device_function, k.spec_name);
 }
 
 }  // namespace

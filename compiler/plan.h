@@ -55,6 +55,9 @@ struct KernelPlan {
   std::string spec_name;        // the Spec struct; kernels of one family may share one
   std::vector<SpecItem> spec;
   LaunchRule launch;
+  // The device function calls wait_for_previous_kernel() and allow_next_kernel_launch() itself,
+  // after work that needs nothing the previous kernel writes; the entry point then does not.
+  bool waits_in_body = false;
 };
 
 // Which grouped-GEMM template a tile runs on.

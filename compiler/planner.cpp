@@ -227,8 +227,12 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
         {"int", "kAct", act_kind(c.activation)},
         {"bool", "kGather", boolean(gemm1)},
         {"int", "kTopk", std::to_string(c.topk)},
+        {"bool", "kWeightsBeforeWait", boolean(!gemm1)},
     };
     k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared};
+    // GEMM 2's schedule and weights come from kernels two or more launches back, so it starts its
+    // weight copies while GEMM 1 (the kernel before it) still runs (kWeightsBeforeWait).
+    k.waits_in_body = !gemm1;
     return k;
   }
   k.device_function = "moejit::grouped_gemm";

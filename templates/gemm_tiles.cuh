@@ -61,6 +61,33 @@ __device__ __forceinline__ Position grouped_position(int col_tiles) {
   return {first_tile + in_group % group_rows, in_group / group_rows};
 }
 
+// The tile a block works on, read from the schedule: the schedule's count and this tile's entries
+// are read together (a tile index below the grid's row tiles is inside the schedule's buffers;
+// past the count its entries are not used), which saves one dependent round trip. Read through L2
+// (ld.global.cg): a GEMM 2 block reads them before it waits for the kernel before it
+// (kWeightsBeforeWait), and an L1 line left by an earlier layer call must not answer.
+struct ScheduledTile {
+  int tiles, expert;
+  long long row0;
+};
+
+__device__ __forceinline__ ScheduledTile scheduled_tile(const GemmArgs& args, int tile) {
+  return {__ldcg(args.num_tiles), __ldcg(args.tile_expert + tile), __ldcg(args.tile_row + tile)};
+}
+
+// For a kernel whose entry point leaves the wait to its body (kWeightsBeforeWait: GEMM 2, whose
+// schedule and weights were written two or more launches back, by kernels that are complete once
+// this one runs, since the kernel before it calls allow_next_kernel_launch() only after its own
+// wait): waits for the previous kernel here, then lets the next one launch. Every thread of the
+// block calls it once, on every path, so no block finishes before the previous kernel has.
+template <bool WEIGHTS_BEFORE_WAIT>
+__device__ __forceinline__ void wait_in_body() {
+  if constexpr (WEIGHTS_BEFORE_WAIT) {
+    wait_for_previous_kernel();
+    allow_next_kernel_launch();
+  }
+}
+
 // The source row of each of the BM tile rows (-1 past the tile's `rows`): GEMM 1 gathers hidden
 // rows of the pairs' tokens, GEMM 2 reads its own sorted rows. Ends with a block barrier.
 template <int BM, int THREADS, bool GATHER, int TOPK>

@@ -18,6 +18,8 @@
 //   kStages >= 2, kWarpsM, kWarpsN (threads = 32 * kWarpsM * kWarpsN), kGroupRows
 //   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
 //   kSharedBytes: the dynamic shared memory the launch provides
+//   kWeightsBeforeWait: the entry point left the wait for the previous kernel to the body, which
+//   first issues the weight copies of the first stages (GEMM 2; gemm_tiles.cuh's wait_in_body)
 #pragma once
 
 #include "moejit/gemm_tiles.cuh"
@@ -81,15 +83,13 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   T* w_smem = a_smem + STAGES * A_STAGE;
   long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
 
-  // Grouped rasterization of the 1-D grid (see the header). The schedule's count and this tile's
-  // entries are read together (a tile index below the grid's row tiles is inside the schedule's
-  // buffers; past the count its entries are not used), which saves one dependent round trip.
+  // Grouped rasterization of the 1-D grid (see the header).
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
   const int tile = at.tile, col_tile = at.col_tile;
-  const int tiles = *args.num_tiles;
-  const int expert = args.tile_expert[tile];
-  const long long row0 = args.tile_row[tile];
-  if (tile >= tiles) return;
+  const ScheduledTile scheduled = scheduled_tile(args, tile);
+  const int tiles = scheduled.tiles, expert = scheduled.expert;
+  const long long row0 = scheduled.row0;
+  if (tile >= tiles) return wait_in_body<Spec::kWeightsBeforeWait>();
   const long long n0 = static_cast<long long>(col_tile) * BN;
   const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * EXPERT_W_ROWS * K;
 
@@ -97,11 +97,13 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   // (their chain of dependent reads: the expert's row count, then GEMM 1's gather), so the
   // weights, most of a small-T GEMM's bytes, are in flight that much earlier. Group 0 then holds
   // those weight copies and stage 0's A rows, group s stage s's A rows: stage kt is complete once
-  // group kt is, which is what the main loop's wait counts assume.
+  // group kt is, which is what the main loop's wait counts assume. GEMM 2 issues them even before
+  // GEMM 1, whose output is its A, has finished (kWeightsBeforeWait).
   const WeightRows<T, BN, HALVES, THREADS, N, K> weight_rows(w, n0, threadIdx.x);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < K_TILES) weight_rows.load(w_smem + s * W_STAGE, s);
+  wait_in_body<Spec::kWeightsBeforeWait>();
 
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   // Source row of each tile row, resolved once: the gather of GEMM 1 happens here.

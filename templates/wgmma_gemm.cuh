@@ -23,7 +23,7 @@
 //   kBM (64 or 128: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer warps
 //   and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
 //   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128 or 256), kBK = 64, kStages >= 2, kGroupRows
-//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
+//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait (as mma_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
 //   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
 #pragma once
@@ -201,12 +201,10 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   unsigned long long* empty = full + STAGES;
 
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
-  // The schedule's count and this tile's entries are read together (a tile index below the grid's
-  // row tiles is inside the schedule's buffers; past the count its entries are not used).
-  const int tiles = *args.num_tiles;
-  const int expert = args.tile_expert[at.tile];
-  const long long row0 = args.tile_row[at.tile];
-  if (at.tile >= tiles) return;
+  const ScheduledTile scheduled = scheduled_tile(args, at.tile);
+  const int tiles = scheduled.tiles, expert = scheduled.expert;
+  const long long row0 = scheduled.row0;
+  if (at.tile >= tiles) return wait_in_body<Spec::kWeightsBeforeWait>();
   const long long n0 = static_cast<long long>(at.col_tile) * BN;
   const int warpgroup = threadIdx.x / 128;
   const bool tma_thread = threadIdx.x == 128 * CONSUMERS;  // the producer's first thread
@@ -229,6 +227,9 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     fence_barrier_init();
     for (int s = 0; s < STAGES && s < K_TILES; ++s) issue_weights(s, s);
   }
+  // GEMM 2's first weight boxes are on their way before GEMM 1, whose output is its A, has
+  // finished (kWeightsBeforeWait); nothing below reads what the previous kernel writes before this.
+  wait_in_body<Spec::kWeightsBeforeWait>();
 
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   // An expert's last tile often has 64 rows or fewer: a consumer warpgroup whose rows all lie
