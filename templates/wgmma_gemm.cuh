@@ -1,12 +1,13 @@
 // Stages 4 and 5 on Hopper's warpgroup MMA (sm_90a only): the grouped GEMM of grouped_gemm.cuh,
 // C[p, n] = sum_k A[p, k] * W[e, n, k], for bf16/fp16 operands in the nk layout, fp32 accumulate.
-// For row tiles of 64 and 128 (mid and prefill buckets), where mma.sync's register-fed tensor
+// For row tiles of 64, 128 and 192 (mid and prefill buckets), where mma.sync's register-fed tensor
 // cores top out near 45% of the H200's matmul rate.
 //
 // Warp-specialized: BM / 64 consumer warpgroups (128 threads each) own 64 rows of the block's
 // BM-row tile each and issue wgmma.mma_async m64nNk16 with both operands read from shared memory
 // through matrix descriptors, N = the tile's weight rows (the gate and up rows of BN columns for
-// gated GEMM 1: BN <= 128; BN <= 256 otherwise). One producer warpgroup fills a ring of kStages
+// gated GEMM 1: BN <= 128; BN <= 256 otherwise; at most 192 with three consumers, whose 512
+// threads leave 128 registers each). One producer warpgroup fills a ring of kStages
 // shared-memory stages (128-byte swizzle layout): the weight tile by TMA (args.w_map, one box per
 // half), the A rows with cp.async (GEMM 1 gathers them). Stage hand-offs are mbarriers: "full"
 // completes when the producer's copies and the TMA bytes of a stage have landed, "empty" when every
@@ -20,9 +21,10 @@
 //
 // Spec:
 //   using A, W, Out (one 16-bit type: __nv_bfloat16 or __half)
-//   kBM (64 or 128: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer warps
-//   and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
-//   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128 or 256), kBK = 64, kStages >= 2, kGroupRows
+//   kBM (64, 128 or 192: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer
+//   warps and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
+//   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128, 192 or 256, at most 192 when kBM is
+//   192), kBK = 64, kStages >= 2, kGroupRows
 //   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait (as mma_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
 //   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
@@ -40,6 +42,14 @@
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
     "}"
+#define MOEJIT_WGMMA_D192 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+    "}"
 #define MOEJIT_WGMMA_D256 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -54,6 +64,7 @@
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MOEJIT_WGMMA_F32(i) MOEJIT_WGMMA_F8(i), MOEJIT_WGMMA_F8(i + 8), MOEJIT_WGMMA_F8(i + 16), MOEJIT_WGMMA_F8(i + 24)
 #define MOEJIT_WGMMA_F64(i) MOEJIT_WGMMA_F32(i), MOEJIT_WGMMA_F32(i + 32)
+#define MOEJIT_WGMMA_F96(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F32(i + 64)
 #define MOEJIT_WGMMA_F128(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F64(i + 64)
 
 namespace moejit {
@@ -71,9 +82,11 @@ namespace wgmma_detail {
   }
 MOEJIT_WGMMA_OP(64, 32, 32, 33, 34, "bf16", __nv_bfloat16)
 MOEJIT_WGMMA_OP(128, 64, 64, 65, 66, "bf16", __nv_bfloat16)
+MOEJIT_WGMMA_OP(192, 96, 96, 97, 98, "bf16", __nv_bfloat16)
 MOEJIT_WGMMA_OP(256, 128, 128, 129, 130, "bf16", __nv_bfloat16)
 MOEJIT_WGMMA_OP(64, 32, 32, 33, 34, "f16", __half)
 MOEJIT_WGMMA_OP(128, 64, 64, 65, 66, "f16", __half)
+MOEJIT_WGMMA_OP(192, 96, 96, 97, 98, "f16", __half)
 MOEJIT_WGMMA_OP(256, 128, 128, 129, 130, "f16", __half)
 #undef MOEJIT_WGMMA_OP
 
@@ -179,9 +192,11 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   constexpr int A_STAGE = BM * BK, W_STAGE = W_ROWS * BK;  // elements
   constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
   constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
-  static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups of 64 rows");
+  static_assert(BM == 64 || BM == 128 || BM == 192, "one to three consumer warpgroups of 64 rows");
   static_assert(32 * Spec::kWarpsM * Spec::kWarpsN == THREADS, "the launch's threads");
-  static_assert(W_ROWS == 64 || W_ROWS == 128 || W_ROWS == 256, "wgmma N of 64, 128 or 256");
+  static_assert(W_ROWS == 64 || W_ROWS == 128 || W_ROWS == 192 || W_ROWS == 256, "wgmma N of 64, 128, 192 or 256");
+  // Three consumer warpgroups make 512 threads, which leave 128 registers each: 96 accumulators fit.
+  static_assert(CONSUMERS < 3 || W_ROWS <= 192, "BM 192 takes at most 192 weight rows");
   static_assert(BK == 64, "the 128-byte swizzle holds 64-element rows");
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert(sizeof(T) == 2, "16-bit operands only");
@@ -318,7 +333,6 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     constexpr int PITCH = BN + 8, CHUNKS = BN / 8;  // 16-byte chunks per row
     static_assert(BM * PITCH * sizeof(T) <= static_cast<size_t>(STAGES) * (A_STAGE + W_STAGE) * sizeof(T),
                   "the staged tile fits the pipeline's shared memory");
-    static_assert(128 % CHUNKS == 0, "a warpgroup copies whole rows per pass");
     T* stage = a_smem;
     named_barrier_sync<1>(128 * consumers);  // every working consumer is done with the pipeline
     // The stage was last written by TMA (async proxy) and read by wgmma (async proxy, retired by
@@ -335,17 +349,19 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
         output_pair(j, h, x, y);
         store_pair(staged + h * 8 * PITCH + j * 8, x, y);
       }
-    if (warpgroup == 0)  // this warpgroup's 64 rows are staged
-      named_barrier_sync<2>(128);
-    else
-      named_barrier_sync<3>(128);
-    constexpr int ROWS_PER_PASS = 128 / CHUNKS;
-    const int chunk = (threadIdx.x % 128) % CHUNKS;
-    const long long col = n0 + chunk * 8;
+    switch (warpgroup) {  // this warpgroup's 64 rows are staged (barrier ids are constants)
+      case 0: named_barrier_sync<2>(128); break;
+      case 1: named_barrier_sync<3>(128); break;
+      default: named_barrier_sync<4>(128); break;
+    }
+    // The warpgroup's 64 x CHUNKS chunks in row order: consecutive threads, consecutive chunks.
 #pragma unroll 4
-    for (int r = warpgroup * 64 + (threadIdx.x % 128) / CHUNKS; r < warpgroup * 64 + 64; r += ROWS_PER_PASS)
+    for (int i = threadIdx.x % 128; i < 64 * CHUNKS; i += 128) {
+      const int r = warpgroup * 64 + i / CHUNKS, chunk = i % CHUNKS;
+      const long long col = n0 + chunk * 8;
       if (r < rows && col < N)
         *reinterpret_cast<uint4*>(out + (row0 + r) * N + col) = *reinterpret_cast<const uint4*>(stage + r * PITCH + chunk * 8);
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
