@@ -3,6 +3,7 @@
 // config, so the same config always gives the same plan and the same generated source.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
@@ -322,6 +323,20 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
   return bm;
 }
 
+// With uniform routing an expert's rows at T tokens are about Poisson(r = T*K/E_loc), and nearly
+// every expert stays within r + 2 sqrt(r). When that passes 128 but not 192, 128-row tiles give about
+// half the experts a second tile of a few rows that streams the expert's whole weight slice again,
+// and one 192-row tile (three wgmma consumer warpgroups) holds nearly every expert's rows.
+// Measured on the H200 (bench/RESULTS.md, 2026-12-01): DeepSeek-V3 at T=4096 (r = 128) 9.36 / 9.03 ->
+// 8.39 / 8.26 ms, at T=1024 (r = 32, same bucket) 5.46 -> 5.67 ms; where both heights need several
+// tiles per expert 128 x 256 stays faster (Qwen3-30B-A3B and Mixtral at T=4096, r = 256 and 1024: +3
+// and +4% with 192 x 192), so the rule only takes 192 in this band.
+bool wide_row_tile_fits(const MoeConfig& c, int64_t representative_tokens) {
+  const double rows = static_cast<double>(representative_tokens) * c.topk / c.local_experts();
+  const double most = rows + 2.0 * std::sqrt(rows);
+  return most > 128 && most <= 192;
+}
+
 // Tensor-core tile for row tile height bm. Decode-sized tiles (bm 16, 32) keep few weight rows per
 // block so that even a handful of active experts spread over every SM, and pipeline deeper so that
 // each SM keeps enough weight bytes in flight to stream at HBM speed; in the decode bucket itself
@@ -425,9 +440,13 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
     if (tensor_core_eligible(c) && bm >= 64 && wgmma_arch(arch)) {
       // Row tiles of 64 and 128 on Hopper: warpgroup MMA, 256 weight rows, 4 stages (162 and
       // 194 KiB). Measured on the H200 (bench/RESULTS.md): Mixtral T=4096 8.7 -> 5.2 ms against
-      // the best mma.sync tile, T=256 0.98 -> 0.83 ms.
+      // the best mma.sync tile, T=256 0.98 -> 0.83 ms. Rows of 192 when wide_row_tile_fits.
       b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
       b.gemm2 = wgmma_tile(bm, 256, 4);
+      if (bm == 128 && wide_row_tile_fits(c, r.representative)) {
+        b.gemm1 = wgmma_tile(192, c.gated ? 96 : 192, 4);
+        b.gemm2 = wgmma_tile(192, 192, 4);
+      }
     } else if (tensor_core_eligible(c)) {
       const bool decode = std::string_view(r.name) == "decode";
       b.gemm1 = tensor_core_tile(c, bm, /*gemm1=*/true, decode);
@@ -537,7 +556,9 @@ std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c,
     int warps_m, warps_n, stages, weight_rows;
   };
   std::vector<Shape> shapes;
-  switch (b.gemm1.bm) {
+  // A 192-row bucket's alternatives are those of the 128-row tile it replaced.
+  const int bm = b.gemm1.bm == 192 ? 128 : b.gemm1.bm;
+  switch (bm) {
     case 16: shapes = {{1, 2, 8, 32}, {1, 4, 6, 64}, {1, 4, 4, 64}, {1, 2, 6, 32}}; break;
     case 32: shapes = {{2, 2, 5, 64}, {2, 4, 4, 128}, {2, 2, 8, 64}}; break;
     case 64: shapes = {{2, 2, 4, 128}, {2, 4, 3, 256}, {2, 4, 4, 128}, {2, 2, 6, 64}}; break;
@@ -547,7 +568,7 @@ std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c,
     std::pair<TileShape, TileShape> pair;
     for (bool gemm1 : {true, false}) {
       TileShape& t = gemm1 ? pair.first : pair.second;
-      t = {GemmKernel::TensorCore, b.gemm1.bm, 0, 64, s.warps_m, s.warps_n, s.stages};
+      t = {GemmKernel::TensorCore, bm, 0, 64, s.warps_m, s.warps_n, s.stages};
       t.bn = (gemm1 && c.gated) ? s.weight_rows / 2 : s.weight_rows;
     }
     add(pair.first, pair.second);
@@ -555,14 +576,14 @@ std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& c,
   // wgmma for the row tiles it takes: 256 or 128 weight rows, deep or shallow pipelines. (The
   // shallow ones fit twice in shared memory, but registers keep the 128-row ones at one block per
   // SM and the 64-row ones at two: slower on the H200, kept as autotune candidates.)
-  if (b.gemm1.bm == 64 || b.gemm1.bm == 128) {
+  if (bm == 64 || bm == 128) {
     const int halves = c.gated ? 2 : 1;
     for (auto [weight_rows, stages] : {std::pair{256, 4}, {128, 6}, {128, 3}, {256, 3}})
-      add(wgmma_tile(b.gemm1.bm, weight_rows / halves, stages), wgmma_tile(b.gemm1.bm, weight_rows, stages));
+      add(wgmma_tile(bm, weight_rows / halves, stages), wgmma_tile(bm, weight_rows, stages));
     // Three consumer warpgroups: a 192 x 192 tile moves 11% fewer bytes per multiply-add through L2
     // than 128 x 256, and an expert whose rows just pass a multiple of 128 needs no extra row tile
     // that streams its whole weight slice again for a few rows.
-    if (b.gemm1.bm == 128) add(wgmma_tile(192, 192 / halves, 4), wgmma_tile(192, 192, 4));
+    if (bm == 128) add(wgmma_tile(192, 192 / halves, 4), wgmma_tile(192, 192, 4));
   }
   return out;
 }

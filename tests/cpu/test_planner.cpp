@@ -208,6 +208,28 @@ TEST(Planner, BadTileOverridesAreRefusedWithTheReason) {
       InvalidInput);
 }
 
+// The prefill bucket takes 192-row tiles where an expert's rows at the tuned T (about
+// T*K/E_loc + 2 sqrt of it) pass 128 but not 192, and 128-row tiles elsewhere.
+TEST(Planner, PrefillRowTileFollowsTheRowsPerExpert) {
+  auto prefill = [](const MoeConfig& c) { return plan_buckets(c, "sm_90a").back(); };
+  const TokenBucket deepseek = prefill(preset("deepseek-v3"));  // 4096 * 8 / 256 = 128 rows
+  EXPECT_EQ(describe(deepseek.gemm1), "192x96x64 (wgmma, 4 stages)");
+  EXPECT_EQ(describe(deepseek.gemm2), "192x192x64 (wgmma, 4 stages)");
+  for (const char* name : {"mixtral-8x7b", "qwen3-30b-a3b", "kimi-k2", "qwen3-next-80b-a3b"})  // 1024, 256, 85, 80
+    EXPECT_EQ(prefill(preset(name)).gemm1.bm, 128) << name;
+  MoeConfig ep = preset("deepseek-v3");  // two ranks: 128 local experts, 256 rows each
+  ep.ep_size = 2;
+  EXPECT_EQ(prefill(ep).gemm1.bm, 128);
+  EXPECT_EQ(plan_buckets(preset("deepseek-v3"), "sm_80").back().gemm1.bm, 128);  // mma.sync: no 192
+  MoeConfig gelu = preset("deepseek-v3");
+  gelu.gated = false;
+  EXPECT_EQ(describe(prefill(gelu).gemm1), "192x192x64 (wgmma, 4 stages)");
+  const Plan plan = make_plan(preset("deepseek-v3"), "sm_90a");
+  const KernelPlan& g1 = plan.kernel(plan.bucket_for(4096).gemm1_entry);
+  EXPECT_EQ(g1.launch.threads, 512);  // three consumer warpgroups and the producer
+  EXPECT_EQ(g1.launch.shared_bytes, 4 * (192 + 192) * 128 + 192 * 8 + 4 * 16 + 1024);
+}
+
 TEST(Planner, WgmmaTilesKeepTheirShapeInTheKernelPlan) {
   const MoeConfig c = preset("mixtral-8x7b");
   Plan plan = make_plan(c, "sm_90a", parse_tile_overrides("mid.gemm1=wg:64x64x64:s6, mid.gemm2=wg:64x128x64:s3"));
