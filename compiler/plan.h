@@ -78,7 +78,7 @@ struct TileShape {
 // A range of token counts that shares one GEMM tiling. GEMM 1 and 2 share the row tile height,
 // so one tile schedule (index_scatter's) serves both.
 struct TokenBucket {
-  std::string name;         // "decode", "mid", "prefill"
+  std::string name;         // "decode", "mid", then "prefill"; on sm_90a maybe "short" and "wide" before it
   int64_t min_tokens = 1;   // inclusive
   int64_t max_tokens = 0;   // inclusive; INT64_MAX for the last bucket
   int64_t tuned_tokens = 0;  // the token count the tiles are chosen (and autotuned) for

@@ -324,17 +324,40 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
 }
 
 // With uniform routing an expert's rows at T tokens are about Poisson(r = T*K/E_loc), and nearly
-// every expert stays within r + 2 sqrt(r). When that passes 128 but not 192, 128-row tiles give about
-// half the experts a second tile of a few rows that streams the expert's whole weight slice again,
-// and one 192-row tile (three wgmma consumer warpgroups) holds nearly every expert's rows.
-// Measured on the H200 (bench/RESULTS.md, 2026-12-01): DeepSeek-V3 at T=4096 (r = 128) 9.36 / 9.03 ->
-// 8.39 / 8.26 ms, at T=1024 (r = 32, same bucket) 5.46 -> 5.67 ms; where both heights need several
-// tiles per expert 128 x 256 stays faster (Qwen3-30B-A3B and Mixtral at T=4096, r = 256 and 1024: +3
-// and +4% with 192 x 192), so the rule only takes 192 in this band.
-bool wide_row_tile_fits(const MoeConfig& c, int64_t representative_tokens) {
-  const double rows = static_cast<double>(representative_tokens) * c.topk / c.local_experts();
+// every expert stays within r + 2 sqrt(r). When that passes 128 but not 192, 128-row tiles give most
+// experts a second tile of a few rows that streams the expert's whole weight slice again, and one
+// 192-row tile (three wgmma consumer warpgroups) holds nearly every expert's rows. Measured on the
+// H200 (bench/RESULTS.md, 2026-12-01), 192 x 192 against 128 x 256 inside the band: DeepSeek-V3
+// T=4096 (r = 128) -10%, Qwen3-30B-A3B T=2048 (r = 128) -6.5%, Mixtral T=600 (r = 150) -13%; outside
+// it +2..+8% (DeepSeek-V3 T = 600..2048 and 8192, Qwen3 T = 600..1536 and 4096, Mixtral T=1024 and
+// 4096) and +30% for Mixtral T=900 (r = 225: two tiles either way, and 4/3 as many column tiles).
+bool wide_row_tile_fits(const MoeConfig& c, int64_t tokens) {
+  const double rows = static_cast<double>(tokens) * c.topk / c.local_experts();
   const double most = rows + 2.0 * std::sqrt(rows);
   return most > 128 && most <= 192;
+}
+
+// The token counts [first, last] at or above `from` where wide_row_tile_fits, or {0, -1} when
+// there are none (the band is an interval: rows grow with T).
+std::pair<int64_t, int64_t> wide_row_band(const MoeConfig& c, int64_t from) {
+  auto most = [&](int64_t t) {
+    const double rows = static_cast<double>(t) * c.topk / c.local_experts();
+    return rows + 2.0 * std::sqrt(rows);
+  };
+  // The first T in [lo, hi] where `passes` holds (it holds for every T after it), else hi + 1.
+  auto first_where = [](int64_t lo, int64_t hi, auto passes) {
+    while (lo <= hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (passes(mid)) hi = mid - 1; else lo = mid + 1;
+    }
+    return lo;
+  };
+  // 193 rows per expert pass 192 already, so the band ends below this T.
+  const int64_t beyond = 193 * static_cast<int64_t>(c.local_experts()) / c.topk + 1;
+  const int64_t first = first_where(from, beyond, [&](int64_t t) { return most(t) > 128; });
+  const int64_t last = first_where(from, beyond, [&](int64_t t) { return most(t) > 192; }) - 1;
+  if (first > last) return {0, -1};
+  return {first, last};
 }
 
 // Tensor-core tile for row tile height bm. Decode-sized tiles (bm 16, 32) keep few weight rows per
@@ -424,11 +447,26 @@ std::string_view to_string(GridRule rule) {
 std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arch) {
   struct Range {
     const char* name;
-    int64_t min, max, representative;
+    int64_t min, max, tuned;
+    int64_t representative;  // the T whose rows per expert choose the tile
+    bool wide = false;       // 192-row wgmma tiles
   };
-  const Range ranges[] = {{"decode", 1, 32, kDecodeTokens},
-                          {"mid", 33, 512, kMidTokens},
-                          {"prefill", 513, std::numeric_limits<int64_t>::max(), kPrefillTokens}};
+  constexpr int64_t kLast = std::numeric_limits<int64_t>::max();
+  std::vector<Range> ranges = {{"decode", 1, 32, kDecodeTokens, kDecodeTokens},
+                               {"mid", 33, 512, kMidTokens, kMidTokens},
+                               {"prefill", 513, kLast, kPrefillTokens, kPrefillTokens}};
+  // On sm_90a the prefill range splits around the band of T where 192-row tiles fit
+  // (wide_row_tile_fits): "short" below it, "wide" in it, "prefill" above it. "short" and "prefill"
+  // keep the prefill range's 128-row tiles; each bucket is autotuned at a T inside it.
+  const auto [first, last] = wide_row_band(c, 513);
+  if (tensor_core_eligible(c) && wgmma_arch(arch) && row_tile_height(c, kPrefillTokens) == 128 && first <= last) {
+    ranges.pop_back();
+    if (first > 513) ranges.push_back({"short", 513, first - 1, std::clamp<int64_t>(kPrefillTokens / 4, 513, first - 1), kPrefillTokens});
+    const int64_t rows_128 = 128 * static_cast<int64_t>(c.local_experts()) / c.topk;  // the T of 128 rows per expert
+    const int64_t wide_tuned = std::clamp(rows_128, first, last);
+    ranges.push_back({"wide", first, last, wide_tuned, wide_tuned, true});
+    ranges.push_back({"prefill", last + 1, kLast, std::max(kPrefillTokens, 2 * (last + 1)), kPrefillTokens});
+  }
   std::vector<TokenBucket> buckets;
   for (const auto& r : ranges) {
     const int bm = row_tile_height(c, r.representative);
@@ -436,14 +474,15 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
     b.name = r.name;
     b.min_tokens = r.min;
     b.max_tokens = r.max;
-    b.tuned_tokens = r.representative;
+    b.tuned_tokens = r.tuned;
     if (tensor_core_eligible(c) && bm >= 64 && wgmma_arch(arch)) {
       // Row tiles of 64 and 128 on Hopper: warpgroup MMA, 256 weight rows, 4 stages (162 and
       // 194 KiB). Measured on the H200 (bench/RESULTS.md): Mixtral T=4096 8.7 -> 5.2 ms against
-      // the best mma.sync tile, T=256 0.98 -> 0.83 ms. Rows of 192 when wide_row_tile_fits.
+      // the best mma.sync tile, T=256 0.98 -> 0.83 ms. The "wide" bucket: 192 x 192, 4 stages
+      // (195 KiB).
       b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
       b.gemm2 = wgmma_tile(bm, 256, 4);
-      if (bm == 128 && wide_row_tile_fits(c, r.representative)) {
+      if (r.wide) {
         b.gemm1 = wgmma_tile(192, c.gated ? 96 : 192, 4);
         b.gemm2 = wgmma_tile(192, 192, 4);
       }
@@ -471,7 +510,7 @@ namespace {
 
 [[noreturn]] void bad_tile(std::string_view source, std::string_view entry, std::string_view why) {
   throw InvalidInput(fmt::format(
-      "{}: '{}' {}; allowed form: <decode|mid|prefill>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<M>x<N>, "
+      "{}: '{}' {}; allowed form: <bucket>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<M>x<N>, "
       "<bucket>.<gemm>=wg:<BM>x<BN>x64:s<stages> (sm_90a) or <bucket>.<gemm>=simt:<BM>x<BN>x<BK>, comma-separated",
       source, entry, why));
 }
@@ -636,7 +675,11 @@ Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vect
   for (const auto& o : overrides) {
     auto b = std::find_if(plan.buckets.begin(), plan.buckets.end(), [&](const auto& x) { return x.name == o.bucket; });
     const std::string entry = fmt::format("{}.gemm{}={}", o.bucket, o.gemm1 ? 1 : 2, describe(o.tile));
-    if (b == plan.buckets.end()) throw InvalidInput(fmt::format("tiles: '{}' names no bucket; allowed: decode, mid, prefill", entry));
+    if (b == plan.buckets.end()) {
+      std::string names;
+      for (const auto& x : plan.buckets) names += (names.empty() ? "" : ", ") + x.name;
+      throw InvalidInput(fmt::format("tiles: '{}' names no bucket; allowed: {}", entry, names));
+    }
     const std::string problem = tile_problem(config, o.gemm1, o.tile, arch);
     if (!problem.empty()) throw InvalidInput(fmt::format("tiles: '{}' {}", entry, problem));
     (o.gemm1 ? b->gemm1 : b->gemm2) = o.tile;

@@ -12,7 +12,7 @@ inline constexpr const char* kMoejitVersion = MOEJIT_VERSION;
 // source text does not show (the source and the header digest are in the key already), and when
 // the planner's tile kinds change: autotune records are keyed by it, so older choices are re-tuned.
 // 3: wgmma tiles on sm_90a. 4: their weights by TMA (a stored choice was timed on other kernels).
-// 5: 192-row wgmma tiles (a new candidate, and the prefill choice where rows per expert ~ 128).
+// 5: 192-row wgmma tiles (a new candidate, and the "wide" bucket where rows per expert ~ 128).
 inline constexpr const char* kGeneratorVersion = "5";
 
 // Bump when the disk layout or meta.json changes.

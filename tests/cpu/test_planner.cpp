@@ -1,7 +1,9 @@
 // Planner and codegen: determinism, buckets, launch rules and the workspace layout.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "compiler/codegen.h"
@@ -74,14 +76,37 @@ TEST(Planner, AnyChangedFieldChangesSomeUnit) {
 }
 
 TEST(Planner, BucketsCoverEveryTokenCountInOrder) {
+  for (const std::string arch : {"sm_90a", "sm_80"})
+    for (const auto& name : preset_names()) {
+      const Plan plan = make_plan(preset(name), arch);
+      ASSERT_GE(plan.buckets.size(), 3u);
+      EXPECT_LE(plan.buckets.size(), 5u);
+      int64_t next = 1;
+      std::set<std::string> names;
+      for (const auto& b : plan.buckets) {
+        EXPECT_EQ(b.min_tokens, next) << name << " " << b.name;
+        EXPECT_GE(b.max_tokens, b.min_tokens) << name << " " << b.name;
+        EXPECT_TRUE(b.tuned_tokens >= b.min_tokens && b.tuned_tokens <= b.max_tokens) << name << " " << b.name;
+        EXPECT_TRUE(names.insert(b.name).second) << name << " " << b.name;
+        next = b.max_tokens == std::numeric_limits<int64_t>::max() ? -1 : b.max_tokens + 1;
+      }
+      EXPECT_EQ(next, -1) << name << ": the last bucket is open-ended";
+      EXPECT_EQ(plan.bucket_for(32).name, "decode");
+      EXPECT_EQ(plan.bucket_for(33).name, "mid");
+      EXPECT_EQ(plan.bucket_for(512).name, "mid");
+      EXPECT_EQ(plan.bucket_for(int64_t{1} << 40).name, "prefill");
+    }
   Plan plan = make_plan(preset("mixtral-8x7b"), "sm_90a");
-  ASSERT_EQ(plan.buckets.size(), 3u);
+  ASSERT_EQ(plan.buckets.size(), 4u);
   EXPECT_EQ(plan.bucket_for(1).name, "decode");
   EXPECT_EQ(plan.bucket_for(32).name, "decode");
   EXPECT_EQ(plan.bucket_for(33).name, "mid");
   EXPECT_EQ(plan.bucket_for(512).name, "mid");
-  EXPECT_EQ(plan.bucket_for(513).name, "prefill");
+  EXPECT_EQ(plan.bucket_for(513).name, "wide");
+  EXPECT_EQ(plan.bucket_for(664).name, "wide");
+  EXPECT_EQ(plan.bucket_for(665).name, "prefill");
   EXPECT_EQ(plan.bucket_for(int64_t{1} << 40).name, "prefill");
+  EXPECT_EQ(make_plan(preset("mixtral-8x7b"), "sm_80").buckets.size(), 3u);  // 192-row tiles are wgmma's
   for (const auto& b : plan.buckets) {
     EXPECT_EQ(b.gemm1.bm, b.gemm2.bm) << "one tile schedule serves both GEMMs";
     EXPECT_EQ(b.gemm1.bm % 16, 0);
@@ -208,26 +233,52 @@ TEST(Planner, BadTileOverridesAreRefusedWithTheReason) {
       InvalidInput);
 }
 
-// The prefill bucket takes 192-row tiles where an expert's rows at the tuned T (about
-// T*K/E_loc + 2 sqrt of it) pass 128 but not 192, and 128-row tiles elsewhere.
-TEST(Planner, PrefillRowTileFollowsTheRowsPerExpert) {
-  auto prefill = [](const MoeConfig& c) { return plan_buckets(c, "sm_90a").back(); };
-  const TokenBucket deepseek = prefill(preset("deepseek-v3"));  // 4096 * 8 / 256 = 128 rows
-  EXPECT_EQ(describe(deepseek.gemm1), "192x96x64 (wgmma, 4 stages)");
-  EXPECT_EQ(describe(deepseek.gemm2), "192x192x64 (wgmma, 4 stages)");
-  for (const char* name : {"mixtral-8x7b", "qwen3-30b-a3b", "kimi-k2", "qwen3-next-80b-a3b"})  // 1024, 256, 85, 80
-    EXPECT_EQ(prefill(preset(name)).gemm1.bm, 128) << name;
-  MoeConfig ep = preset("deepseek-v3");  // two ranks: 128 local experts, 256 rows each
-  ep.ep_size = 2;
-  EXPECT_EQ(prefill(ep).gemm1.bm, 128);
-  EXPECT_EQ(plan_buckets(preset("deepseek-v3"), "sm_80").back().gemm1.bm, 128);  // mma.sync: no 192
-  MoeConfig gelu = preset("deepseek-v3");
-  gelu.gated = false;
-  EXPECT_EQ(describe(prefill(gelu).gemm1), "192x192x64 (wgmma, 4 stages)");
-  const Plan plan = make_plan(preset("deepseek-v3"), "sm_90a");
-  const KernelPlan& g1 = plan.kernel(plan.bucket_for(4096).gemm1_entry);
+// On sm_90a the T past 512 where an expert's rows (r = T*K/E_loc, most experts within r + 2 sqrt r)
+// pass 128 but not 192 form the "wide" bucket, with 192-row tiles; the rest of the prefill range
+// keeps the 128-row ones.
+TEST(Planner, WideBucketHoldsTheRowBand) {
+  for (const auto& name : preset_names())
+    for (int ep_size : {1, 2}) {
+      MoeConfig c = preset(name);
+      c.ep_size = ep_size;
+      const Plan plan = make_plan(c, "sm_90a");
+      for (int64_t T = 513; T <= 20000; T += 7) {
+        const double r = static_cast<double>(T) * c.topk / c.local_experts();
+        const bool band = r + 2 * std::sqrt(r) > 128 && r + 2 * std::sqrt(r) <= 192;
+        const TokenBucket& b = plan.bucket_for(T);
+        EXPECT_EQ(b.name == "wide", band) << name << " ep " << ep_size << " T=" << T;
+        EXPECT_EQ(b.gemm1.bm, band ? 192 : 128) << name << " ep " << ep_size << " T=" << T;
+      }
+    }
+  const Plan deepseek = make_plan(preset("deepseek-v3"), "sm_90a");  // T=4096: 128 rows per expert
+  ASSERT_EQ(deepseek.buckets.size(), 5u);
+  EXPECT_EQ(deepseek.buckets[2].name, "short");
+  EXPECT_EQ(deepseek.buckets[2].max_tokens, 3433);
+  const TokenBucket& wide = deepseek.bucket_for(4096);
+  EXPECT_EQ(wide.name, "wide");
+  EXPECT_EQ(wide.min_tokens, 3434);
+  EXPECT_EQ(wide.max_tokens, 5318);
+  EXPECT_EQ(wide.tuned_tokens, 4096);
+  EXPECT_EQ(describe(wide.gemm1), "192x96x64 (wgmma, 4 stages)");
+  EXPECT_EQ(describe(wide.gemm2), "192x192x64 (wgmma, 4 stages)");
+  EXPECT_EQ(describe(deepseek.bucket_for(3433).gemm2), "128x256x64 (wgmma, 4 stages)");
+  EXPECT_EQ(describe(deepseek.bucket_for(5319).gemm2), "128x256x64 (wgmma, 4 stages)");
+  const KernelPlan& g1 = deepseek.kernel(wide.gemm1_entry);
   EXPECT_EQ(g1.launch.threads, 512);  // three consumer warpgroups and the producer
   EXPECT_EQ(g1.launch.shared_bytes, 4 * (192 + 192) * 128 + 192 * 8 + 4 * 16 + 1024);
+  MoeConfig gelu = preset("deepseek-v3");
+  gelu.gated = false;
+  EXPECT_EQ(describe(make_plan(gelu, "sm_90a").bucket_for(4096).gemm1), "192x192x64 (wgmma, 4 stages)");
+  for (const auto& b : make_plan(preset("deepseek-v3"), "sm_80").buckets) EXPECT_NE(b.gemm1.bm, 192);  // mma.sync
+  // Overrides name any of the plan's buckets; an unknown one is refused with the list.
+  EXPECT_NO_THROW(make_plan(preset("deepseek-v3"), "sm_90a",
+                            parse_tile_overrides("wide.gemm1=wg:128x128x64:s4,wide.gemm2=wg:128x256x64:s4")));
+  try {
+    make_plan(preset("qwen3-30b-a3b"), "sm_80", parse_tile_overrides("wide.gemm1=tc:128x64x64:s3:w2x4"));
+    ADD_FAILURE() << "a bucket sm_80's plan does not have was accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("allowed: decode, mid, prefill"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Planner, WgmmaTilesKeepTheirShapeInTheKernelPlan) {
