@@ -145,11 +145,11 @@ TEST(Sanitize, GroupedSigmoidNoauxTc) {
   sanitize_config(c, {3, 40}, false);
 }
 
-// The warpgroup-MMA tiles (sm_90a; mma.sync elsewhere) of the mid and prefill buckets under
-// memcheck (the swizzled stage addressing, the edges) and racecheck (the generic-proxy accesses;
-// whether racecheck sees wgmma's own shared-memory reads is not documented, so the stage
-// hand-offs rest on the reference checks of TileCandidates as well).
-TEST(Sanitize, WgmmaTiles) { sanitize_config(tensor_core_config(), {90, 600}, true); }
+// The warpgroup-MMA tiles (sm_90a; mma.sync elsewhere) of the mid, wide (513..664 here: 192 rows)
+// and prefill (128 rows) buckets under memcheck (the swizzled stage addressing, the edges) and
+// racecheck (the generic-proxy accesses; whether racecheck sees wgmma's own shared-memory reads is
+// not documented, so the stage hand-offs rest on the reference checks of TileCandidates as well).
+TEST(Sanitize, WgmmaTiles) { sanitize_config(tensor_core_config(), {90, 600, 1000}, true); }
 
 TEST(Sanitize, W8a8Int8) {
   MoeConfig c;
