@@ -81,7 +81,8 @@ struct TokenBucket {
   std::string name;         // "decode", "mid", then "prefill"; on sm_90a maybe "short" and "wide" before it
   int64_t min_tokens = 1;   // inclusive
   int64_t max_tokens = 0;   // inclusive; INT64_MAX for the last bucket
-  int64_t tuned_tokens = 0;  // the token count the tiles are chosen (and autotuned) for
+  int64_t tuned_tokens = 0;  // the token count autotune times the bucket at (and, but for "short" and
+                             // "prefill" beside a "wide" bucket, which keep T=4096's, the tiles are chosen for)
   TileShape gemm1, gemm2;
   std::string gemm1_entry, gemm2_entry;
 };
@@ -115,8 +116,9 @@ std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::strin
 std::string to_string(const TileOverride& tile);
 
 // Tile pairs (GEMM 1, GEMM 2) worth timing for one bucket of `config`, the planner's own first;
-// every pair fits the config and `arch` and keeps the bucket's row tile. One pair when there is
-// nothing to choose (the SIMT kernels).
+// every pair fits the config and `arch`, and both GEMMs of a pair share one row tile: the bucket's,
+// or on sm_90a 192 for a 128-row bucket and 128 for a 192-row one. One pair when there is nothing to
+// choose (the SIMT kernels).
 std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& config, const TokenBucket& bucket,
                                                              const std::string& arch);
 

@@ -323,27 +323,21 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
   return bm;
 }
 
-// With uniform routing an expert's rows at T tokens are about Poisson(r = T*K/E_loc), and nearly
-// every expert stays within r + 2 sqrt(r). When that passes 128 but not 192, 128-row tiles give most
-// experts a second tile of a few rows that streams the expert's whole weight slice again, and one
-// 192-row tile (three wgmma consumer warpgroups) holds nearly every expert's rows. Measured on the
-// H200 (bench/RESULTS.md, 2026-12-01), 192 x 192 against 128 x 256 inside the band: DeepSeek-V3
-// T=4096 (r = 128) -10%, Qwen3-30B-A3B T=2048 (r = 128) -6.5%, Mixtral T=600 (r = 150) -13%; outside
-// it +2..+8% (DeepSeek-V3 T = 600..2048 and 8192, Qwen3 T = 600..1536 and 4096, Mixtral T=1024 and
-// 4096) and +30% for Mixtral T=900 (r = 225: two tiles either way, and 4/3 as many column tiles).
-bool wide_row_tile_fits(const MoeConfig& c, int64_t tokens) {
-  const double rows = static_cast<double>(tokens) * c.topk / c.local_experts();
-  const double most = rows + 2.0 * std::sqrt(rows);
-  return most > 128 && most <= 192;
-}
-
-// The token counts [first, last] at or above `from` where wide_row_tile_fits, or {0, -1} when
-// there are none (the band is an interval: rows grow with T).
+// The token counts [first, last] at or above `from` that get 192-row tiles (three wgmma consumer
+// warpgroups), or {0, -1} when there are none (the band is an interval: rows grow with T).
+// With uniform routing an expert's rows at T tokens are about Poisson(r = T*K/E_loc). 128-row tiles
+// give an expert past 128 rows a second tile of a few rows that streams its whole weight slice again;
+// one 192-row tile holds it while nearly every expert stays within 192 (r + 2 sqrt r <= 192). Measured
+// on the H200 (bench/RESULTS.md, 2026-12-01), 192 x 192 against 128 x 256: at r = 128 (half the
+// experts spill) -10% for DeepSeek-V3 T=4096 and -6.5% for Qwen3-30B-A3B T=2048, at r = 150 (all
+// spill) -13% for Mixtral T=600; where neither height saves a tile +2..+8% (DeepSeek-V3 T = 600..2048
+// and 8192, Qwen3 T = 600..1536 and 4096, Mixtral T=1024 and 4096), +30% at Mixtral T=900 (r = 225:
+// two tiles either way and 4/3 the column tiles); Mixtral T=1536 and 2048 (r = 384, 512) 0 and -5%,
+// left on 128 rows. Those numbers put the break-even near a fifth of the experts spilling past 128
+// (r + 0.8 sqrt r = 128); the band starts where about a sixth do, r + sqrt r > 128 (r > 117; an
+// estimate between the measured points, bench/sweeps/band_edge.txt times it).
 std::pair<int64_t, int64_t> wide_row_band(const MoeConfig& c, int64_t from) {
-  auto most = [&](int64_t t) {
-    const double rows = static_cast<double>(t) * c.topk / c.local_experts();
-    return rows + 2.0 * std::sqrt(rows);
-  };
+  auto rows = [&](int64_t t) { return static_cast<double>(t) * c.topk / c.local_experts(); };
   // The first T in [lo, hi] where `passes` holds (it holds for every T after it), else hi + 1.
   auto first_where = [](int64_t lo, int64_t hi, auto passes) {
     while (lo <= hi) {
@@ -354,8 +348,8 @@ std::pair<int64_t, int64_t> wide_row_band(const MoeConfig& c, int64_t from) {
   };
   // 193 rows per expert pass 192 already, so the band ends below this T.
   const int64_t beyond = 193 * static_cast<int64_t>(c.local_experts()) / c.topk + 1;
-  const int64_t first = first_where(from, beyond, [&](int64_t t) { return most(t) > 128; });
-  const int64_t last = first_where(from, beyond, [&](int64_t t) { return most(t) > 192; }) - 1;
+  const int64_t first = first_where(from, beyond, [&](int64_t t) { return rows(t) + std::sqrt(rows(t)) > 128; });
+  const int64_t last = first_where(from, beyond, [&](int64_t t) { return rows(t) + 2 * std::sqrt(rows(t)) > 192; }) - 1;
   if (first > last) return {0, -1};
   return {first, last};
 }
@@ -455,9 +449,9 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
   std::vector<Range> ranges = {{"decode", 1, 32, kDecodeTokens, kDecodeTokens},
                                {"mid", 33, 512, kMidTokens, kMidTokens},
                                {"prefill", 513, kLast, kPrefillTokens, kPrefillTokens}};
-  // On sm_90a the prefill range splits around the band of T where 192-row tiles fit
-  // (wide_row_tile_fits): "short" below it, "wide" in it, "prefill" above it. "short" and "prefill"
-  // keep the prefill range's 128-row tiles; each bucket is autotuned at a T inside it.
+  // On sm_90a the prefill range splits around the band of T that takes 192-row tiles
+  // (wide_row_band): "short" below it, "wide" in it, "prefill" above it. "short" and "prefill" keep
+  // the prefill range's 128-row tiles (chosen at T=4096); each bucket is autotuned at a T inside it.
   const auto [first, last] = wide_row_band(c, 513);
   if (tensor_core_eligible(c) && wgmma_arch(arch) && row_tile_height(c, kPrefillTokens) == 128 && first <= last) {
     ranges.pop_back();
@@ -465,7 +459,7 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
     const int64_t rows_128 = 128 * static_cast<int64_t>(c.local_experts()) / c.topk;  // the T of 128 rows per expert
     const int64_t wide_tuned = std::clamp(rows_128, first, last);
     ranges.push_back({"wide", first, last, wide_tuned, wide_tuned, true});
-    ranges.push_back({"prefill", last + 1, kLast, std::max(kPrefillTokens, 2 * (last + 1)), kPrefillTokens});
+    ranges.push_back({"prefill", last + 1, kLast, std::max(kPrefillTokens, (last + 1) * 3 / 2), kPrefillTokens});
   }
   std::vector<TokenBucket> buckets;
   for (const auto& r : ranges) {

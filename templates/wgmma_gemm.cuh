@@ -1,7 +1,7 @@
 // Stages 4 and 5 on Hopper's warpgroup MMA (sm_90a only): the grouped GEMM of grouped_gemm.cuh,
 // C[p, n] = sum_k A[p, k] * W[e, n, k], for bf16/fp16 operands in the nk layout, fp32 accumulate.
-// For row tiles of 64, 128 and 192 (mid and prefill buckets), where mma.sync's register-fed tensor
-// cores top out near 45% of the H200's matmul rate.
+// For row tiles of 64, 128 and 192 (the mid and prefill buckets; 192 in the "wide" one), where
+// mma.sync's register-fed tensor cores top out near 45% of the H200's matmul rate.
 //
 // Warp-specialized: BM / 64 consumer warpgroups (128 threads each) own 64 rows of the block's
 // BM-row tile each and issue wgmma.mma_async m64nNk16 with both operands read from shared memory
@@ -248,7 +248,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
 
   const int rows = static_cast<int>(min(static_cast<long long>(BM), args.expert_offsets[expert + 1] - row0));
   // An expert's last tile often has 64 rows or fewer: a consumer warpgroup whose rows all lie
-  // past `rows` has no work, and leaving at once gives the other one the tensor cores.
+  // past `rows` has no work, and leaving at once gives the others the tensor cores.
   const int consumers = min(CONSUMERS, (rows + 63) / 64);
   if (threadIdx.x < STAGES) barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier

@@ -26,7 +26,7 @@ TEST(TileCandidates, PlannersFirstEveryOneValidAndDistinct) {
       for (const auto& [g1, g2] : candidates) {
         EXPECT_EQ(g1.bm, g2.bm) << "the GEMMs share one tile schedule";
         // 128- and 192-row buckets offer each other's heights (tile_candidates).
-        EXPECT_TRUE(g1.bm == b.gemm1.bm || std::min(g1.bm, b.gemm1.bm) == 128 && std::max(g1.bm, b.gemm1.bm) == 192)
+        EXPECT_TRUE(g1.bm == b.gemm1.bm || (std::min(g1.bm, b.gemm1.bm) == 128 && std::max(g1.bm, b.gemm1.bm) == 192))
             << describe(g1);
         EXPECT_TRUE(seen.insert(describe(g1) + describe(g2)).second) << "duplicate " << describe(g1);
         if (arch != "sm_90a") EXPECT_NE(g1.kernel, GemmKernel::Wgmma) << "wgmma is sm_90a-only";

@@ -25,7 +25,8 @@ MoeConfig preset_config(const PresetCase& pc) {
 
 std::vector<int64_t> preset_tokens(const PresetCase& pc) {
   // Full size: 3 tokens (the reference's cost is T*K*3*H*I*2 flops, 14 G for kimi-k2 at T=3).
-  // Scaled: one token count per tile bucket (decode <= 32 < mid <= 512 < prefill).
+  // Scaled: one token count per tile range (decode <= 32 < mid <= 512 < the prefill buckets; 600
+  // lands in "short", "wide" or "prefill" depending on the scaled config's rows per expert).
   if (pc.full_size) return {3};
   return {3, 40, 600};
 }
