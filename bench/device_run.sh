@@ -15,6 +15,9 @@
 #                  large layer (deepseek-v3 at T=4096) did not finish within 330 s with the defaults
 #                  (the layer's setup plus a replay per section pass, not measured apart); try NCU_COUNT=1
 #                  NCU_SECTIONS=SpeedOfLight there.
+#   MOEJIT_BENCH_COMMIT  the commit this tree is, for the benchmark headers (the device machine's
+#                  copy can carry stale git metadata: name the commit in the command, e.g.
+#                  MOEJIT_BENCH_COMMIT=af2f932 bash bench/device_run.sh)
 #   SMI=1          log SM clock, power and throttle reasons every 200 ms during the benchmark
 #                  ($OUT/smi.csv) and print their range
 set -uo pipefail

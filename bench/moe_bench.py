@@ -194,15 +194,19 @@ def parse_breakdown(text):
 
 
 def git_revision():
+    """The tree's commit. A copy of a working tree (the device machine's) can carry stale git metadata,
+    so MOEJIT_BENCH_COMMIT, set by whoever knows what was copied, comes first."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
+        found = (rev + ("+dirty" if dirty else "")) if rev else "unknown"
     except Exception:  # noqa: BLE001
-        return "unknown"
+        found = "unknown"
+    named = os.environ.get("MOEJIT_BENCH_COMMIT", "").strip()
+    return f"{named} (MOEJIT_BENCH_COMMIT; the copy's git metadata says {found})" if named else found
 
 
 class Report:
