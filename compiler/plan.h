@@ -81,8 +81,8 @@ struct TokenBucket {
   std::string name;         // "decode", "mid", then "prefill"; on sm_90a maybe "short" and "wide" before it
   int64_t min_tokens = 1;   // inclusive
   int64_t max_tokens = 0;   // inclusive; INT64_MAX for the last bucket
-  int64_t tuned_tokens = 0;  // the token count autotune times the bucket at (and, but for "short" and
-                             // "prefill" beside a "wide" bucket, which keep T=4096's, the tiles are chosen for)
+  int64_t tuned_tokens = 0;  // where autotune times the bucket; the planner's tiles follow the rows per
+                             // expert at this T, except "short" and "prefill", which keep T=4096's
   TileShape gemm1, gemm2;
   std::string gemm1_entry, gemm2_entry;
 };
