@@ -182,7 +182,13 @@ int tensor_core_shared_bytes(const MoeConfig& c, bool gemm1, const TileShape& t)
 // (warps_m = bm / 16 + 4 warps in one column).
 TileShape wgmma_tile(int bm, int bn, int stages) { return {GemmKernel::Wgmma, bm, bn, 64, bm / 16 + 4, 1, stages}; }
 
-KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
+// Columns per vector of the combine: 16-byte accesses when the hidden size splits into them.
+int combine_vector_width(const MoeConfig& c) {
+  const int vec_full = 16 / static_cast<int>(dtype_bytes(c.dtype));
+  return c.hidden % vec_full == 0 ? vec_full : 1;
+}
+
+KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile, bool combine_in_gemm2 = false) {
   const bool quant = c.quant == Quant::W8A8Int8;
   const bool tensor_core = tile.kernel != GemmKernel::Simt;
   const bool wgmma = tile.kernel == GemmKernel::Wgmma;
@@ -197,6 +203,7 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
     k.entry += fmt::format("_wg_s{}", tile.stages);
   else if (tensor_core)
     k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
+  if (combine_in_gemm2) k.entry += "_combine";
   k.unit = "experts";
   k.args_type = "moejit::GemmArgs";
   // GEMM 1 reads hidden rows through the gather unless w8a8 quantized them into sorted order.
@@ -229,6 +236,8 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
         {"bool", "kGather", boolean(gemm1)},
         {"int", "kTopk", std::to_string(c.topk)},
         {"bool", "kWeightsBeforeWait", boolean(!gemm1)},
+        {"bool", "kCombineInGemm2", boolean(combine_in_gemm2)},
+        {"int", "kCombineVec", std::to_string(combine_vector_width(c))},
     };
     k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared};
     // GEMM 2's schedule and weights come from kernels two or more launches back, so it starts its
@@ -283,9 +292,7 @@ KernelPlan route_index_kernel(const MoeConfig& c) {
 }
 
 KernelPlan combine_kernel(const MoeConfig& c) {
-  // 16-byte accesses when the hidden size splits into them.
-  const int vec_full = 16 / static_cast<int>(dtype_bytes(c.dtype));
-  const int vec = c.hidden % vec_full == 0 ? vec_full : 1;
+  const int vec = combine_vector_width(c);
   KernelPlan k;
   k.stage = Stage::Combine;
   k.entry = fmt::format("moejit_combine_h{}_k{}_{}", c.hidden, c.topk, to_string(c.dtype));
@@ -333,9 +340,9 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
 // spill) -13% for Mixtral T=600; where neither height saves a tile +2..+8% (DeepSeek-V3 T = 600..2048
 // and 8192, Qwen3 T = 600..1536 and 4096, Mixtral T=1024 and 4096), +30% at Mixtral T=900 (r = 225:
 // two tiles either way and 4/3 the column tiles); Mixtral T=1536 and 2048 (r = 384, 512) 0 and -5%,
-// left on 128 rows. Those numbers put the break-even near a fifth of the experts spilling past 128
-// (r + 0.8 sqrt r = 128); the band starts where about a sixth do, r + sqrt r > 128 (r > 117; an
-// estimate between the measured points, bench/sweeps/band_edge.txt times it).
+// left on 128 rows. At the low edge (bench/sweeps/band_edge.txt, Qwen3 two rounds each) 192 rows lose
+// 7% at r = 110, 4% at r = 116 and 0.5-1% at r = 122; so the band starts where about 30% of the
+// experts spill past 128, r + 0.5 sqrt r > 128 (r > 122.5).
 std::pair<int64_t, int64_t> wide_row_band(const MoeConfig& c, int64_t from) {
   auto rows = [&](int64_t t) { return static_cast<double>(t) * c.topk / c.local_experts(); };
   // The first T in [lo, hi] where `passes` holds (it holds for every T after it), else hi + 1.
@@ -348,7 +355,7 @@ std::pair<int64_t, int64_t> wide_row_band(const MoeConfig& c, int64_t from) {
   };
   // 193 rows per expert pass 192 already, so the band ends below this T.
   const int64_t beyond = 193 * static_cast<int64_t>(c.local_experts()) / c.topk + 1;
-  const int64_t first = first_where(from, beyond, [&](int64_t t) { return rows(t) + std::sqrt(rows(t)) > 128; });
+  const int64_t first = first_where(from, beyond, [&](int64_t t) { return rows(t) + 0.5 * std::sqrt(rows(t)) > 128; });
   const int64_t last = first_where(from, beyond, [&](int64_t t) { return rows(t) + 2 * std::sqrt(rows(t)) > 192; }) - 1;
   if (first > last) return {0, -1};
   return {first, last};
@@ -489,10 +496,17 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
       b.gemm1 = {GemmKernel::Simt, bm, 64, bm <= 32 ? 32 : 16};
       b.gemm2 = {GemmKernel::Simt, bm, bm >= 64 ? 128 : 64, bm <= 32 ? 32 : 16};
     }
+    b.combine_in_gemm2 = folds_combine(b);
     buckets.push_back(b);
   }
   return buckets;
 }
+
+bool folds_combine(const TokenBucket& bucket) {
+  return bucket.name == "decode" && bucket.gemm2.kernel == GemmKernel::TensorCore;
+}
+
+int64_t max_column_tiles(const MoeConfig& config) { return (config.hidden + 7) / 8; }
 
 int64_t max_row_tiles(const MoeConfig& c, int64_t tokens, int bm) {
   const int64_t pairs = tokens * c.topk;
@@ -702,7 +716,8 @@ Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vect
   }
   if (quant) plan.kernels.push_back(quantize[1]);
   for (auto& b : plan.buckets) {
-    KernelPlan g2 = gemm_kernel(config, false, b.gemm2);
+    b.combine_in_gemm2 = folds_combine(b);  // after the overrides, which may change the kernel
+    KernelPlan g2 = gemm_kernel(config, false, b.gemm2, b.combine_in_gemm2);
     b.gemm2_entry = g2.entry;
     add_once(std::move(g2));
   }
@@ -761,6 +776,7 @@ void visit_workspace(const MoeConfig& c, int64_t tokens, Add&& add) {
   add("tile_expert", tiles * 4, "[max_row_tiles] int32", &W::tile_expert);
   add("tile_row", tiles * 4, "[max_row_tiles] int32", &W::tile_row);
   add("num_tiles", 4, "[1] int32", &W::num_tiles);
+  add("column_done", max_column_tiles(c) * 4, "[ceil(H/8)] int32", &W::column_done);
   if (c.quant == Quant::W8A8Int8) {
     add("a_q", pairs * c.hidden, "[T*K, H] int8", &W::a_q);
     add("a_scale", pairs * 4, "[T*K] fp32", &W::a_scale);
@@ -819,8 +835,8 @@ std::string describe(const Plan& plan, int64_t max_tokens) {
     std::string range = b.max_tokens == std::numeric_limits<int64_t>::max()
                             ? fmt::format("T >= {}", b.min_tokens)
                             : fmt::format("{} <= T <= {}", b.min_tokens, b.max_tokens);
-    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}\n", b.name, range, describe(b.gemm1),
-                       describe(b.gemm2));
+    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}{}\n", b.name, range, describe(b.gemm1),
+                       describe(b.gemm2), b.combine_in_gemm2 ? " + combine" : "");
   }
   out += "kernels:\n";
   for (const auto& k : plan.kernels)

@@ -163,6 +163,43 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
   }
 }
 
+// The decode bucket's mma.sync GEMM 2 does the combine (a kernel of its own name and Spec); every
+// other bucket, and a decode bucket whose GEMM 2 is not mma.sync, keeps the combine kernel.
+TEST(Planner, DecodeGemm2DoesTheCombineOnTensorCores) {
+  auto spec_value = [](const KernelPlan& k, const std::string& name) {
+    for (const auto& item : k.spec)
+      if (item.name == name) return item.value;
+    return std::string("(absent)");
+  };
+  for (const auto& name : preset_names())
+    for (const std::string arch : {"sm_80", "sm_90a"}) {
+      const MoeConfig c = preset(name);
+      const Plan plan = make_plan(c, arch);
+      for (const auto& b : plan.buckets) {
+        const bool decode = b.name == "decode";
+        EXPECT_EQ(b.combine_in_gemm2, decode) << name << " " << arch << " " << b.name;
+        EXPECT_EQ(b.gemm2_entry.ends_with("_combine"), decode) << b.gemm2_entry;
+        EXPECT_EQ(spec_value(plan.kernel(b.gemm2_entry), "kCombineInGemm2"), decode ? "true" : "false");
+        EXPECT_EQ(spec_value(plan.kernel(b.gemm1_entry), "kCombineInGemm2"), "false");
+        // Its counters fit the workspace's column_done.
+        EXPECT_LE((c.hidden + b.gemm2.bn - 1) / b.gemm2.bn, max_column_tiles(c));
+      }
+      EXPECT_EQ(plan_workspace(c, 1).at("column_done").bytes, max_column_tiles(c) * 4);
+      EXPECT_EQ(std::count_if(plan.kernels.begin(), plan.kernels.end(),
+                              [](const KernelPlan& k) { return k.stage == Stage::Combine; }),
+                1);  // for the other buckets
+    }
+  MoeConfig fp32 = preset("qwen3-30b-a3b");
+  fp32.dtype = fp32.router_dtype = DType::FP32;
+  for (const auto& b : make_plan(fp32, "sm_90a").buckets) EXPECT_FALSE(b.combine_in_gemm2) << b.name;
+  const Plan simt = make_plan(preset("qwen3-30b-a3b"), "sm_90a", parse_tile_overrides("decode.gemm2=simt:16x64x32"));
+  EXPECT_FALSE(simt.bucket_for(1).combine_in_gemm2);
+  EXPECT_FALSE(simt.bucket_for(1).gemm2_entry.ends_with("_combine"));
+  const Plan narrow = make_plan(preset("qwen3-30b-a3b"), "sm_90a", parse_tile_overrides("decode.gemm2=tc:16x16x64:s4:w1x1"));
+  EXPECT_TRUE(narrow.bucket_for(1).combine_in_gemm2);
+  EXPECT_TRUE(narrow.bucket_for(1).gemm2_entry.ends_with("_combine"));
+}
+
 TEST(Planner, TileOverridesReplaceThePlannersTiles) {
   const MoeConfig c = preset("mixtral-8x7b");
   Plan plan = make_plan(c, "sm_90a",
@@ -233,7 +270,7 @@ TEST(Planner, BadTileOverridesAreRefusedWithTheReason) {
       InvalidInput);
 }
 
-// On sm_90a the T past 512 where a sixth of the experts pass 128 rows (r + sqrt r > 128, r =
+// On sm_90a the T past 512 where about 30% of the experts pass 128 rows (r + 0.5 sqrt r > 128, r =
 // T*K/E_loc) and nearly all stay within 192 (r + 2 sqrt r <= 192) form the "wide" bucket, with
 // 192-row tiles; the rest of the prefill range keeps the 128-row ones.
 TEST(Planner, WideBucketHoldsTheRowBand) {
@@ -244,7 +281,7 @@ TEST(Planner, WideBucketHoldsTheRowBand) {
       const Plan plan = make_plan(c, "sm_90a");
       for (int64_t T = 513; T <= 20000; T += 7) {
         const double r = static_cast<double>(T) * c.topk / c.local_experts();
-        const bool band = r + std::sqrt(r) > 128 && r + 2 * std::sqrt(r) <= 192;
+        const bool band = r + 0.5 * std::sqrt(r) > 128 && r + 2 * std::sqrt(r) <= 192;
         const TokenBucket& b = plan.bucket_for(T);
         EXPECT_EQ(b.name == "wide", band) << name << " ep " << ep_size << " T=" << T;
         EXPECT_EQ(b.gemm1.bm, band ? 192 : 128) << name << " ep " << ep_size << " T=" << T;
@@ -253,10 +290,10 @@ TEST(Planner, WideBucketHoldsTheRowBand) {
   const Plan deepseek = make_plan(preset("deepseek-v3"), "sm_90a");  // T=4096: 128 rows per expert
   ASSERT_EQ(deepseek.buckets.size(), 5u);
   EXPECT_EQ(deepseek.buckets[2].name, "short");
-  EXPECT_EQ(deepseek.buckets[2].max_tokens, 3749);
+  EXPECT_EQ(deepseek.buckets[2].max_tokens, 3918);
   const TokenBucket& wide = deepseek.bucket_for(4096);
   EXPECT_EQ(wide.name, "wide");
-  EXPECT_EQ(wide.min_tokens, 3750);
+  EXPECT_EQ(wide.min_tokens, 3919);
   EXPECT_EQ(wide.max_tokens, 5318);
   EXPECT_EQ(wide.tuned_tokens, 4096);
   EXPECT_EQ(describe(wide.gemm1), "192x96x64 (wgmma, 4 stages)");

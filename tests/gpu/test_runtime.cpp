@@ -330,9 +330,10 @@ TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
     kernels += type == cudaGraphNodeTypeKernel;
   }
   EXPECT_EQ(kernels, layer->launches(T));
-  // Decode: routing + index, GEMM 1, GEMM 2, combine (w8a8 adds its two quantizations).
+  // Decode: routing + index, GEMM 1, GEMM 2 with the combine (w8a8: a combine kernel, and its two
+  // quantizations).
   if (T <= 32) {
-    EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 4);
+    EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 3);
   }
   // On sm_90+, every kernel after the first hangs on its predecessor by a programmatic edge
   // (programmatic dependent launch, layer.cpp); the first follows the caller's work normally.
@@ -723,7 +724,9 @@ TEST(StageEntryPoints, RouteEqualsTheRoutingOfForward) {
 
 // Routings the router would rarely make: every token on the same K experts (one expert's rows
 // span many GEMM row tiles), every token on the last K experts, and uniform random ones; on an
-// expert-parallel rank, "hot" leaves the rank with no local pair at all.
+// expert-parallel rank, "hot" leaves the rank with no local pair at all. At T = 1000 and in the
+// decode bucket (T = 5), where a bf16 layer's GEMM 2 does the combine (and with no local pair,
+// no GEMM 2 block has a row tile: the output is the residual alone).
 struct ExpertsCase {
   const char* name;
   MoeConfig config;
@@ -731,13 +734,10 @@ struct ExpertsCase {
 
 class StageEntryPointsExperts : public ::testing::TestWithParam<ExpertsCase> {};
 
-TEST_P(StageEntryPointsExperts, CallerRoutingAgainstTheReference) {
-  const MoeConfig c = GetParam().config;
+void experts_against_the_reference(const Layer& layer, const Problem& p) {
+  const MoeConfig& c = p.config;
   const int K = c.topk, E = c.experts;
-  constexpr int64_t T = 1000;
-  Seeds seeds;
-  auto layer = Layer::create(c);
-  Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  const int64_t T = p.tokens;
   DeviceInputs in = upload(p);
   Stream stream;
   std::mt19937_64 rng(p.activation_seed);
@@ -758,9 +758,17 @@ TEST_P(StageEntryPointsExperts, CallerRoutingAgainstTheReference) {
         weights[t * K + j] = weight(rng);
       }
     }
-    GpuRun run = run_experts(*layer, in, T, ids, weights, stream.get());
-    EXPECT_TRUE(check_experts_run(p, run)) << "routing pattern " << pattern;
+    GpuRun run = run_experts(layer, in, T, ids, weights, stream.get());
+    EXPECT_TRUE(check_experts_run(p, run)) << "routing pattern " << pattern << ", T = " << T;
   }
+}
+
+TEST_P(StageEntryPointsExperts, CallerRoutingAgainstTheReference) {
+  const MoeConfig c = GetParam().config;
+  Seeds seeds;
+  auto layer = Layer::create(c);
+  for (int64_t T : {1000, 5})
+    experts_against_the_reference(*layer, make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, StageEntryPointsExperts,
@@ -769,6 +777,13 @@ INSTANTIATE_TEST_SUITE_P(Configs, StageEntryPointsExperts,
                                                        [] {
                                                          MoeConfig c = small_config(24, 4, 300, 100, DType::FP16);
                                                          c.quant = Quant::W8A8Int8;
+                                                         return c;
+                                                       }()},
+                                           ExpertsCase{"ep_rank1_of_2_bf16",
+                                                       [] {
+                                                         MoeConfig c = small_config(64, 8, 264, 136, DType::BF16);
+                                                         c.ep_size = 2;
+                                                         c.ep_rank = 1;
                                                          return c;
                                                        }()},
                                            ExpertsCase{"ep_rank1_of_2_fp32",
