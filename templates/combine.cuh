@@ -100,33 +100,50 @@ __device__ void combine_tokens(const CombineArgs& args) {
       args, t, h, H, [&](int j) { return CombineSlot{weight[j], row[j]}; });
 }
 
+// Adds 1 to *counter and returns its old value, at GPU scope with release and acquire semantics:
+// the memory accesses the calling thread has ordered before it (through a block barrier, those
+// of the whole block) are visible to whoever acquires the new value, and whatever this thread
+// then reads sees what the earlier adders released. (Lighter than __threadfence's sequentially
+// consistent fences around a relaxed atomicAdd.)
+__device__ __forceinline__ int arrive_acq_rel(int* counter) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
 // Called by every thread of a GEMM 2 block (THREADS of them) once its part of Y, the output
 // columns [n0, n0 + BN) of one row tile, is stored: the block counts itself into
 // args.column_done[col_tile], and the last of the column tile's `tiles` blocks combines those
 // columns of every token. (With no row tiles at all, tiles = 0, the caller calls it from the
 // column tile's block of row tile 0, which then writes the residual or zeros.)
-// Release and acquire: every thread's stores precede thread 0's fence and count (the barrier),
-// and the last block reads Y only after its thread 0 has seen the full count and fenced again.
+// Order: every thread's Y stores precede thread 0's release (the barrier), and the last block
+// reads Y only after thread 0's acquire and a second barrier. Each thread reads the slots of its
+// first output vector before counting (every block does; they were written kernels ago), so the
+// last block's chain is the count, then Y.
 template <typename Y, typename Out, int K, int VEC, long long N, int BN, int THREADS>
 __device__ void combine_when_last(const GemmArgs& args, int col_tile, int tiles) {
   static_assert(BN % VEC == 0 && N % VEC == 0, "whole vectors per column tile");
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = tiles == 0 || atomicAdd(args.column_done + col_tile, 1) == tiles - 1;
-    __threadfence();
-  }
-  __syncthreads();
-  if (!last) return;
   const CombineArgs& c = args.combine;
   const long long n0 = static_cast<long long>(col_tile) * BN;
   const long long vectors = (min(n0 + BN, N) - n0) / VEC;  // per token
-  for (long long i = threadIdx.x; i < c.tokens * vectors; i += THREADS) {
+  const long long items = c.tokens * vectors;
+  CombineSlot slots[K];
+  auto read_slots = [&](long long i) {
+    const long long t = i / vectors;
+#pragma unroll
+    for (int j = 0; j < K; ++j) slots[j] = CombineSlot{c.topk_weights[t * K + j], c.pair_pos[t * K + j]};
+  };
+  long long i = threadIdx.x;
+  if (i < items) read_slots(i);
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = tiles == 0 || arrive_acq_rel(args.column_done + col_tile) == tiles - 1;
+  __syncthreads();
+  if (!last) return;
+  for (; i < items; i += THREADS) {
     const long long t = i / vectors, h = n0 + (i % vectors) * VEC;
-    combine_vector<Y, Out, K, VEC, true>(c, t, h, N, [&](int j) {
-      return CombineSlot{c.topk_weights[t * K + j], c.pair_pos[t * K + j]};
-    });
+    combine_vector<Y, Out, K, VEC, true>(c, t, h, N, [&](int j) { return slots[j]; });
+    if (i + THREADS < items) read_slots(i + THREADS);
   }
 }
 
