@@ -85,9 +85,6 @@ struct TokenBucket {
                              // expert at this T, except "short" and "prefill", which keep T=4096's
   TileShape gemm1, gemm2;
   std::string gemm1_entry, gemm2_entry;
-  // GEMM 2 also does the combine (stage 6): the last block of each column tile sums those
-  // columns of every token, and the layer launches no combine kernel for this bucket.
-  bool combine_in_gemm2 = false;
 };
 
 struct Plan {
@@ -168,15 +165,6 @@ struct WorkspaceLayout {
   const WorkspaceBuffer& at(std::string_view name) const;
 };
 
-// Whether a bucket folds the combine into GEMM 2: the decode bucket on the mma.sync kernel. There
-// a few blocks per column tile finish close together, so the last one's extra work is T * BN
-// outputs, and the fold saves a launch and the wait for GEMM 2 to drain.
-bool folds_combine(const TokenBucket& bucket);
-
-// Column tiles GEMM 2 counts its finished blocks in (workspace "column_done"): room for the finest
-// tensor-core column tile, 8 columns.
-int64_t max_column_tiles(const MoeConfig& config);
-
 // Throws InvalidInput when max_tokens < 0 or the config is invalid.
 WorkspaceLayout plan_workspace(const MoeConfig& config, int64_t max_tokens);
 
@@ -184,7 +172,7 @@ WorkspaceLayout plan_workspace(const MoeConfig& config, int64_t max_tokens);
 // calls it per call). Buffers the config does not use are -1.
 struct WorkspaceOffsets {
   int64_t topk_weights = -1, topk_ids = -1, block_counts = -1, expert_counts = -1, expert_offsets = -1,
-          sorted_pair = -1, pair_pos = -1, tile_expert = -1, tile_row = -1, num_tiles = -1, column_done = -1;
+          sorted_pair = -1, pair_pos = -1, tile_expert = -1, tile_row = -1, num_tiles = -1;
   int64_t act = -1, y = -1;                                               // unquantized act; y always
   int64_t a_q = -1, a_scale = -1, act_f32 = -1, act_q = -1, act_scale = -1;  // w8a8
   int64_t total_bytes = 0;

@@ -182,13 +182,7 @@ int tensor_core_shared_bytes(const MoeConfig& c, bool gemm1, const TileShape& t)
 // (warps_m = bm / 16 + 4 warps in one column).
 TileShape wgmma_tile(int bm, int bn, int stages) { return {GemmKernel::Wgmma, bm, bn, 64, bm / 16 + 4, 1, stages}; }
 
-// Columns per vector of the combine: 16-byte accesses when the hidden size splits into them.
-int combine_vector_width(const MoeConfig& c) {
-  const int vec_full = 16 / static_cast<int>(dtype_bytes(c.dtype));
-  return c.hidden % vec_full == 0 ? vec_full : 1;
-}
-
-KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile, bool combine_in_gemm2 = false) {
+KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile) {
   const bool quant = c.quant == Quant::W8A8Int8;
   const bool tensor_core = tile.kernel != GemmKernel::Simt;
   const bool wgmma = tile.kernel == GemmKernel::Wgmma;
@@ -203,7 +197,6 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile, bo
     k.entry += fmt::format("_wg_s{}", tile.stages);
   else if (tensor_core)
     k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
-  if (combine_in_gemm2) k.entry += "_combine";
   k.unit = "experts";
   k.args_type = "moejit::GemmArgs";
   // GEMM 1 reads hidden rows through the gather unless w8a8 quantized them into sorted order.
@@ -236,8 +229,6 @@ KernelPlan gemm_kernel(const MoeConfig& c, bool gemm1, const TileShape& tile, bo
         {"bool", "kGather", boolean(gemm1)},
         {"int", "kTopk", std::to_string(c.topk)},
         {"bool", "kWeightsBeforeWait", boolean(!gemm1)},
-        {"bool", "kCombineInGemm2", boolean(combine_in_gemm2)},
-        {"int", "kCombineVec", std::to_string(combine_vector_width(c))},
     };
     k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared};
     // GEMM 2's schedule and weights come from kernels two or more launches back, so it starts its
@@ -292,7 +283,9 @@ KernelPlan route_index_kernel(const MoeConfig& c) {
 }
 
 KernelPlan combine_kernel(const MoeConfig& c) {
-  const int vec = combine_vector_width(c);
+  // 16-byte accesses when the hidden size splits into them.
+  const int vec_full = 16 / static_cast<int>(dtype_bytes(c.dtype));
+  const int vec = c.hidden % vec_full == 0 ? vec_full : 1;
   KernelPlan k;
   k.stage = Stage::Combine;
   k.entry = fmt::format("moejit_combine_h{}_k{}_{}", c.hidden, c.topk, to_string(c.dtype));
@@ -496,17 +489,10 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
       b.gemm1 = {GemmKernel::Simt, bm, 64, bm <= 32 ? 32 : 16};
       b.gemm2 = {GemmKernel::Simt, bm, bm >= 64 ? 128 : 64, bm <= 32 ? 32 : 16};
     }
-    b.combine_in_gemm2 = folds_combine(b);
     buckets.push_back(b);
   }
   return buckets;
 }
-
-bool folds_combine(const TokenBucket& bucket) {
-  return bucket.name == "decode" && bucket.gemm2.kernel == GemmKernel::TensorCore;
-}
-
-int64_t max_column_tiles(const MoeConfig& config) { return (config.hidden + 7) / 8; }
 
 int64_t max_row_tiles(const MoeConfig& c, int64_t tokens, int bm) {
   const int64_t pairs = tokens * c.topk;
@@ -716,8 +702,7 @@ Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vect
   }
   if (quant) plan.kernels.push_back(quantize[1]);
   for (auto& b : plan.buckets) {
-    b.combine_in_gemm2 = folds_combine(b);  // after the overrides, which may change the kernel
-    KernelPlan g2 = gemm_kernel(config, false, b.gemm2, b.combine_in_gemm2);
+    KernelPlan g2 = gemm_kernel(config, false, b.gemm2);
     b.gemm2_entry = g2.entry;
     add_once(std::move(g2));
   }
@@ -776,7 +761,6 @@ void visit_workspace(const MoeConfig& c, int64_t tokens, Add&& add) {
   add("tile_expert", tiles * 4, "[max_row_tiles] int32", &W::tile_expert);
   add("tile_row", tiles * 4, "[max_row_tiles] int32", &W::tile_row);
   add("num_tiles", 4, "[1] int32", &W::num_tiles);
-  add("column_done", max_column_tiles(c) * 4, "[ceil(H/8)] int32", &W::column_done);
   if (c.quant == Quant::W8A8Int8) {
     add("a_q", pairs * c.hidden, "[T*K, H] int8", &W::a_q);
     add("a_scale", pairs * 4, "[T*K] fp32", &W::a_scale);
@@ -835,8 +819,8 @@ std::string describe(const Plan& plan, int64_t max_tokens) {
     std::string range = b.max_tokens == std::numeric_limits<int64_t>::max()
                             ? fmt::format("T >= {}", b.min_tokens)
                             : fmt::format("{} <= T <= {}", b.min_tokens, b.max_tokens);
-    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}{}\n", b.name, range, describe(b.gemm1),
-                       describe(b.gemm2), b.combine_in_gemm2 ? " + combine" : "");
+    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}\n", b.name, range, describe(b.gemm1),
+                       describe(b.gemm2));
   }
   out += "kernels:\n";
   for (const auto& k : plan.kernels)

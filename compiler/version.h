@@ -13,8 +13,7 @@ inline constexpr const char* kMoejitVersion = MOEJIT_VERSION;
 // the planner's tile kinds change: autotune records are keyed by it, so older choices are re-tuned.
 // 3: wgmma tiles on sm_90a. 4: their weights by TMA (a stored choice was timed on other kernels).
 // 5: 192-row wgmma tiles (a new candidate, and the "wide" bucket where rows per expert ~ 128).
-// 6: the decode bucket's GEMM 2 does the combine (a kernel with another entry name and launch count).
-inline constexpr const char* kGeneratorVersion = "6";
+inline constexpr const char* kGeneratorVersion = "5";
 
 // Bump when the disk layout or meta.json changes.
 inline constexpr const char* kCacheSchemaVersion = "v1";

@@ -149,10 +149,9 @@ class LayerImpl final : public Layer {
 
   int launches(int64_t tokens) const override {
     if (tokens <= 0) return 0;
-    // routing + index (1 launch when fused, else 3), 2 GEMMs, combine (unless GEMM 2 does it);
-    // w8a8 adds the two quantizations.
-    return (fused_route_index(tokens) ? 1 : 3) + 2 + (plan().bucket_for(tokens).combine_in_gemm2 ? 0 : 1) +
-           (config().quant == Quant::W8A8Int8 ? 2 : 0);
+    // routing + index (1 launch when fused, else 3), 2 GEMMs, combine; w8a8 adds the two
+    // quantizations.
+    return (fused_route_index(tokens) ? 1 : 3) + 3 + (config().quant == Quant::W8A8Int8 ? 2 : 0);
   }
 
   void forward(void* stream_handle, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
@@ -289,15 +288,10 @@ class LayerImpl final : public Layer {
   IndexArgs index_args(int64_t tokens, const int* ids, char* ws, const WorkspaceOffsets& o) const {
     const MoeConfig& c = config();
     auto ints = [&](int64_t offset) { return offset < 0 ? nullptr : reinterpret_cast<int*>(ws + offset); };
-    const TokenBucket& b = plan().bucket_for(tokens);
-    const int column_tiles = b.combine_in_gemm2 ? static_cast<int>(ceil_div(c.hidden, b.gemm2.bn)) : 0;
-    if (column_tiles > max_column_tiles(c))
-      throw Error(fmt::format("moejit internal error: {} column tiles exceed the workspace's {}", column_tiles,
-                              max_column_tiles(c)));
     return IndexArgs{ids,
                      tokens * c.topk,
                      c.first_local_expert(),
-                     b.gemm1.bm,
+                     plan().bucket_for(tokens).gemm1.bm,
                      ints(o.block_counts),
                      ints(o.expert_counts),
                      ints(o.expert_offsets),
@@ -305,9 +299,7 @@ class LayerImpl final : public Layer {
                      ints(o.pair_pos),
                      ints(o.tile_expert),
                      ints(o.tile_row),
-                     ints(o.num_tiles),
-                     column_tiles > 0 ? ints(o.column_done) : nullptr,
-                     column_tiles};
+                     ints(o.num_tiles)};
   }
 
   // routing == null: the routing is given in ids (experts()), index only.
@@ -348,7 +340,7 @@ class LayerImpl final : public Layer {
 
     GemmArgs gemm1{w8a8 ? buf(o.a_q) : in.hidden, floats(o.a_scale), ints(o.sorted_pair), in.w13, in.w13_scale,
                    in.act_smooth, w8a8 ? buf(o.act_f32) : buf(o.act), ints(o.tile_expert), ints(o.tile_row),
-                   ints(o.num_tiles), ints(o.expert_offsets), maps.w13, CombineArgs{}, nullptr};
+                   ints(o.num_tiles), ints(o.expert_offsets), maps.w13};
     launch(run, roles_.gemm1[bucket], gemm_grid(roles_.gemm1[bucket], row_tiles, c.local_intermediate()),
            &gemm1);
 
@@ -359,12 +351,12 @@ class LayerImpl final : public Layer {
       launch(run, roles_.quantize_act, {pairs, 1}, &requant);
     }
 
-    CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
     GemmArgs gemm2{w8a8 ? buf(o.act_q) : buf(o.act), floats(o.act_scale), ints(o.sorted_pair), in.w2, in.w2_scale,
                    nullptr, buf(o.y), ints(o.tile_expert), ints(o.tile_row), ints(o.num_tiles),
-                   ints(o.expert_offsets), maps.w2, combine, ints(o.column_done)};
+                   ints(o.expert_offsets), maps.w2};
     launch(run, roles_.gemm2[bucket], gemm_grid(roles_.gemm2[bucket], row_tiles, c.hidden), &gemm2);
-    if (b.combine_in_gemm2) return;  // GEMM 2's last block per column tile did it
+
+    CombineArgs combine{buf(o.y), weights, ints(o.pair_pos), in.residual, output, tokens};
     launch(run, roles_.combine, {tokens, ceil_div(c.hidden, p.kernels[roles_.combine].launch.per_block)},
            &combine);
   }

@@ -29,8 +29,6 @@ struct IndexArgs {
   int* tile_expert;          // [max_tiles] local expert of each GEMM row tile
   int* tile_row;             // [max_tiles] first sorted position of each tile
   int* num_tiles;            // [1]
-  int* column_done;          // [column_tiles] zeroed with the schedule (GEMM 2 counts into it when
-  int column_tiles;          // the combine is folded into it; else null and 0)
 };
 
 // Stages 1 and 2 in one single-block launch (route_index.cuh): T*K <= kPairsPerBlock.
@@ -58,16 +56,6 @@ struct alignas(128) TensorMap {
   unsigned long long opaque[16];
 };
 
-// Stage 6: weighted top-k sum in a fixed order.
-struct CombineArgs {
-  const void* y;             // [M, H], GEMM 2 output in expert-sorted order
-  const float* topk_weights; // [T, K]
-  const int* pair_pos;       // [T*K]
-  const void* residual;      // [T, H] or null
-  void* out;                 // [T, H]
-  long long tokens;
-};
-
 // Stages 4 and 5: grouped GEMM over expert-sorted rows.
 struct GemmArgs {
   const void* a;             // GEMM 1: hidden [T, H] (rows gathered) or int8 [M, H];
@@ -84,11 +72,16 @@ struct GemmArgs {
   const int* expert_offsets;
   TensorMap w_map;           // wgmma kernels: w as a [E_loc * halves][N][K] tensor, box 64 x BN x 1,
                              // 128-byte swizzle (the host fills it per call; others ignore it)
-  // GEMM 2 with the combine folded in (kCombineInGemm2; else unused): the last block to finish a
-  // column tile combines those columns of every token (combine.cuh's combine_when_last).
-  CombineArgs combine;
-  int* column_done;          // [column tiles] blocks finished per column tile; the index zeroes it
 };
 
+// Stage 6: weighted top-k sum in a fixed order.
+struct CombineArgs {
+  const void* y;             // [M, H], GEMM 2 output in expert-sorted order
+  const float* topk_weights; // [T, K]
+  const int* pair_pos;       // [T*K]
+  const void* residual;      // [T, H] or null
+  void* out;                 // [T, H]
+  long long tokens;
+};
 
 }  // namespace moejit

@@ -135,10 +135,6 @@ __device__ void write_offsets_and_tiles(const IndexArgs& args, const int* count,
     args.expert_offsets[E] = rows_end;
     *args.num_tiles = tiles_end;
   }
-  // GEMM 2 counts its finished blocks per column tile here when it combines (combine.cuh); the
-  // counts start from zero on every call, and GEMM 2 runs only after this kernel has completed.
-  if (publish)
-    for (int i = lane; i < args.column_tiles; i += 32) args.column_done[i] = 0;
 }
 
 // A block of kIndexWarps warps per kPairsPerBlock pairs: block_counts[blockIdx.x][e].

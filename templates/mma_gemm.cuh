@@ -20,11 +20,8 @@
 //   kSharedBytes: the dynamic shared memory the launch provides
 //   kWeightsBeforeWait: the entry point left the wait for the previous kernel to the body, which
 //   first issues the weight copies of the first stages (GEMM 2; gemm_tiles.cuh's wait_in_body)
-//   kCombineInGemm2: GEMM 2 also does stage 6 (combine.cuh's combine_when_last; args.combine),
-//   with kCombineVec columns per vector (the combine kernel's kVec)
 #pragma once
 
-#include "moejit/combine.cuh"
 #include "moejit/gemm_tiles.cuh"
 
 namespace moejit {
@@ -92,17 +89,7 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   const ScheduledTile scheduled = scheduled_tile(args, tile);
   const int tiles = scheduled.tiles, expert = scheduled.expert;
   const long long row0 = scheduled.row0;
-  auto combine_when_last_here = [&]() {
-    combine_when_last<typename Spec::Out, typename Spec::Out, Spec::kTopk, Spec::kCombineVec, N, BN, THREADS>(
-        args, col_tile, tiles);
-  };
-  if (tile >= tiles) {
-    wait_in_body<Spec::kWeightsBeforeWait>();
-    // No row tile at all (no pair has a local expert): the output is still written, here.
-    if constexpr (Spec::kCombineInGemm2)
-      if (tiles == 0 && tile == 0) combine_when_last_here();
-    return;
-  }
+  if (tile >= tiles) return wait_in_body<Spec::kWeightsBeforeWait>();
   const long long n0 = static_cast<long long>(col_tile) * BN;
   const T* w = static_cast<const T*>(args.w) + static_cast<long long>(expert) * EXPERT_W_ROWS * K;
 
@@ -214,7 +201,6 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
       }
     }
   }
-  if constexpr (Spec::kCombineInGemm2) combine_when_last_here();
 }
 
 }  // namespace moejit

@@ -25,8 +25,7 @@
 //   warps and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
 //   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128, 192 or 256, at most 192 when kBM is
 //   192), kBK = 64, kStages >= 2, kGroupRows
-//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait, kCombineInGemm2 (false here),
-//   kCombineVec (as mma_gemm.cuh)
+//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait (as mma_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
 //   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
 #pragma once
@@ -201,7 +200,6 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   static_assert(BK == 64, "the 128-byte swizzle holds 64-element rows");
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert(sizeof(T) == 2, "16-bit operands only");
-  static_assert(!Spec::kCombineInGemm2, "the combine is folded into the mma.sync GEMM 2 only (decode)");
   static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 + 1024 <=
                     Spec::kSharedBytes,
                 "the launch's shared memory must hold the pipeline");

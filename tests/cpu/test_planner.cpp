@@ -163,43 +163,6 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
   }
 }
 
-// The decode bucket's mma.sync GEMM 2 does the combine (a kernel of its own name and Spec); every
-// other bucket, and a decode bucket whose GEMM 2 is not mma.sync, keeps the combine kernel.
-TEST(Planner, DecodeGemm2DoesTheCombineOnTensorCores) {
-  auto spec_value = [](const KernelPlan& k, const std::string& name) {
-    for (const auto& item : k.spec)
-      if (item.name == name) return item.value;
-    return std::string("(absent)");
-  };
-  for (const auto& name : preset_names())
-    for (const std::string arch : {"sm_80", "sm_90a"}) {
-      const MoeConfig c = preset(name);
-      const Plan plan = make_plan(c, arch);
-      for (const auto& b : plan.buckets) {
-        const bool decode = b.name == "decode";
-        EXPECT_EQ(b.combine_in_gemm2, decode) << name << " " << arch << " " << b.name;
-        EXPECT_EQ(b.gemm2_entry.ends_with("_combine"), decode) << b.gemm2_entry;
-        EXPECT_EQ(spec_value(plan.kernel(b.gemm2_entry), "kCombineInGemm2"), decode ? "true" : "false");
-        EXPECT_EQ(spec_value(plan.kernel(b.gemm1_entry), "kCombineInGemm2"), "false");
-        // Its counters fit the workspace's column_done.
-        EXPECT_LE((c.hidden + b.gemm2.bn - 1) / b.gemm2.bn, max_column_tiles(c));
-      }
-      EXPECT_EQ(plan_workspace(c, 1).at("column_done").bytes, max_column_tiles(c) * 4);
-      EXPECT_EQ(std::count_if(plan.kernels.begin(), plan.kernels.end(),
-                              [](const KernelPlan& k) { return k.stage == Stage::Combine; }),
-                1);  // for the other buckets
-    }
-  MoeConfig fp32 = preset("qwen3-30b-a3b");
-  fp32.dtype = fp32.router_dtype = DType::FP32;
-  for (const auto& b : make_plan(fp32, "sm_90a").buckets) EXPECT_FALSE(b.combine_in_gemm2) << b.name;
-  const Plan simt = make_plan(preset("qwen3-30b-a3b"), "sm_90a", parse_tile_overrides("decode.gemm2=simt:16x64x32"));
-  EXPECT_FALSE(simt.bucket_for(1).combine_in_gemm2);
-  EXPECT_FALSE(simt.bucket_for(1).gemm2_entry.ends_with("_combine"));
-  const Plan narrow = make_plan(preset("qwen3-30b-a3b"), "sm_90a", parse_tile_overrides("decode.gemm2=tc:16x16x64:s4:w1x1"));
-  EXPECT_TRUE(narrow.bucket_for(1).combine_in_gemm2);
-  EXPECT_TRUE(narrow.bucket_for(1).gemm2_entry.ends_with("_combine"));
-}
-
 TEST(Planner, TileOverridesReplaceThePlannersTiles) {
   const MoeConfig c = preset("mixtral-8x7b");
   Plan plan = make_plan(c, "sm_90a",

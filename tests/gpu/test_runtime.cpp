@@ -330,10 +330,9 @@ TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
     kernels += type == cudaGraphNodeTypeKernel;
   }
   EXPECT_EQ(kernels, layer->launches(T));
-  // Decode: routing + index, GEMM 1, GEMM 2 with the combine (w8a8: a combine kernel, and its two
-  // quantizations).
+  // Decode: routing + index, GEMM 1, GEMM 2, combine (w8a8 adds its two quantizations).
   if (T <= 32) {
-    EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 3);
+    EXPECT_EQ(kernels, c.quant == Quant::W8A8Int8 ? 6 : 4);
   }
   // On sm_90+, every kernel after the first hangs on its predecessor by a programmatic edge
   // (programmatic dependent launch, layer.cpp); the first follows the caller's work normally.
@@ -724,9 +723,8 @@ TEST(StageEntryPoints, RouteEqualsTheRoutingOfForward) {
 
 // Routings the router would rarely make: every token on the same K experts (one expert's rows
 // span many GEMM row tiles), every token on the last K experts, and uniform random ones; on an
-// expert-parallel rank, "hot" leaves the rank with no local pair at all. At T = 1000 and in the
-// decode bucket (T = 5), where a bf16 layer's GEMM 2 does the combine (and with no local pair,
-// no GEMM 2 block has a row tile: the output is the residual alone).
+// expert-parallel rank, "hot" leaves the rank with no local pair at all (no GEMM row tile: the
+// output is the residual alone). At T = 1000 and in the decode bucket (T = 5).
 struct ExpertsCase {
   const char* name;
   MoeConfig config;
