@@ -334,7 +334,7 @@ int row_tile_height(const MoeConfig& c, int64_t representative_tokens) {
 // and 8192, Qwen3 T = 600..1536 and 4096, Mixtral T=1024 and 4096), +30% at Mixtral T=900 (r = 225:
 // two tiles either way and 4/3 the column tiles); Mixtral T=1536 and 2048 (r = 384, 512) 0 and -5%,
 // left on 128 rows. At the low edge (bench/sweeps/band_edge.txt, Qwen3 two rounds each) 192 rows lose
-// 7% at r = 110, 4% at r = 116 and 0.5-1% at r = 122; so the band starts where about 30% of the
+// 6.9% at r = 110, 4.1% at r = 116 and 0.7% at r = 122; so the band starts where about 30% of the
 // experts spill past 128, r + 0.5 sqrt r > 128 (r > 122.5).
 std::pair<int64_t, int64_t> wide_row_band(const MoeConfig& c, int64_t from) {
   auto rows = [&](int64_t t) { return static_cast<double>(t) * c.topk / c.local_experts(); };
@@ -474,11 +474,12 @@ std::vector<TokenBucket> plan_buckets(const MoeConfig& c, const std::string& arc
       // 194 KiB). Measured on the H200 (bench/RESULTS.md): Mixtral T=4096 8.7 -> 5.2 ms against
       // the best mma.sync tile, T=256 0.98 -> 0.83 ms. The "wide" bucket: 192 x 192, 4 stages
       // (195 KiB).
-      b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
-      b.gemm2 = wgmma_tile(bm, 256, 4);
       if (r.wide) {
         b.gemm1 = wgmma_tile(192, c.gated ? 96 : 192, 4);
         b.gemm2 = wgmma_tile(192, 192, 4);
+      } else {
+        b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
+        b.gemm2 = wgmma_tile(bm, 256, 4);
       }
     } else if (tensor_core_eligible(c)) {
       const bool decode = std::string_view(r.name) == "decode";

@@ -261,7 +261,7 @@ TEST(Planner, WideBucketHoldsTheRowBand) {
   EXPECT_EQ(wide.tuned_tokens, 4096);
   EXPECT_EQ(describe(wide.gemm1), "192x96x64 (wgmma, 4 stages)");
   EXPECT_EQ(describe(wide.gemm2), "192x192x64 (wgmma, 4 stages)");
-  EXPECT_EQ(describe(deepseek.bucket_for(3749).gemm2), "128x256x64 (wgmma, 4 stages)");
+  EXPECT_EQ(describe(deepseek.bucket_for(3918).gemm2), "128x256x64 (wgmma, 4 stages)");
   EXPECT_EQ(describe(deepseek.bucket_for(5319).gemm2), "128x256x64 (wgmma, 4 stages)");
   const KernelPlan& g1 = deepseek.kernel(wide.gemm1_entry);
   EXPECT_EQ(g1.launch.threads, 512);  // three consumer warpgroups and the producer
