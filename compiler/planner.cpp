@@ -302,6 +302,9 @@ KernelPlan combine_kernel(const MoeConfig& c) {
       {"int", "kVec", std::to_string(vec)},
   };
   k.launch = {GridRule::TokensByColumns, kCombineThreads, int64_t{kCombineThreads} * vec};
+  // The token's slots (pair_pos, topk_weights) come from kernels two or more launches back, so the
+  // combine reads them while GEMM 2 still runs and waits for it only before Y's loads.
+  k.waits_in_body = true;
   return k;
 }
 

@@ -26,16 +26,22 @@ __device__ void combine_tokens(const CombineArgs& args) {
   using Y = typename Spec::Y;
   using Out = typename Spec::Out;
   const long long t = blockIdx.x;
-  if (t >= args.tokens) return;
 
+  // The token's slots are read before the wait for GEMM 2 (the entry point leaves the wait to this
+  // body): pair_pos and topk_weights come from the index and the routing (or the caller), two or
+  // more launches back, which are complete once this kernel runs (common.cuh), so after the wait
+  // only Y's loads stand between GEMM 2's end and the sum. Read through L2 (ld.global.cg): an L1
+  // line left by an earlier layer call must not answer.
   __shared__ float weight[K];
   __shared__ long long row[K];
-  if (threadIdx.x < K) {
-    const int pos = args.pair_pos[t * K + threadIdx.x];
-    weight[threadIdx.x] = args.topk_weights[t * K + threadIdx.x];
-    row[threadIdx.x] = pos;  // -1 marks a pair another rank computes
+  if (t < args.tokens && threadIdx.x < K) {
+    weight[threadIdx.x] = __ldcg(args.topk_weights + t * K + threadIdx.x);
+    row[threadIdx.x] = __ldcg(args.pair_pos + t * K + threadIdx.x);  // -1 marks a pair another rank computes
   }
+  wait_for_previous_kernel();
+  allow_next_kernel_launch();
   __syncthreads();
+  if (t >= args.tokens) return;
 
   const long long h = (static_cast<long long>(blockIdx.y) * Spec::kThreads + threadIdx.x) * VEC;
   if (h >= H) return;

@@ -63,7 +63,8 @@ __device__ __forceinline__ float activate(float x) {
 // visible; that kernel waited for its own predecessor, so the whole chain before it is done too.
 // Since every kernel allows the next one only after its own wait, what kernels two or more
 // launches back wrote is complete whenever a kernel runs: GEMM 2 reads its schedule and starts
-// its weight copies before its wait (gemm_tiles.cuh's wait_in_body).
+// its weight copies before its wait (gemm_tiles.cuh's wait_in_body), and the combine reads its
+// tokens' slots before its wait (combine.cuh).
 // Without the launch attribute (or before sm_90) the wait returns at once.
 __device__ __forceinline__ void wait_for_previous_kernel() {
 #if __CUDA_ARCH__ >= 900

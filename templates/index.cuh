@@ -229,17 +229,18 @@ __device__ void index_scatter(const IndexArgs& args) {
 // The index as one warp of a one-block launch (M <= kPairsPerBlock). The multi-block kernels
 // hand their results over through global memory (block_counts), a chain of dependent round trips;
 // here the pairs' experts are read once and everything after stays in shared memory.
-// block_counts is not written: only index_scatter reads it.
+// pair_expert ([kPairsPerBlock], shared) holds the pairs' local experts (-1 past the last pair)
+// when `staged` (route_index.cuh records them while routing), else this warp reads them from
+// topk_ids into it. block_counts is not written: only index_scatter reads it.
 template <typename Spec>
-__device__ void index_single_block(const IndexArgs& args) {
+__device__ void index_single_block(const IndexArgs& args, int* pair_expert, bool staged) {
   constexpr int E = Spec::kLocalExperts;
-  __shared__ int pair_expert[Spec::kPairsPerBlock];
   __shared__ int count[E];
   __shared__ int next[E];
   const int lane = threadIdx.x % 32;
   const long long pairs = args.pairs;
   for (int e = lane; e < E; e += 32) count[e] = next[e] = 0;
-  stage_pair_experts<Spec, 32>(args, 0, pairs, pair_expert, lane);
+  if (!staged) stage_pair_experts<Spec, 32>(args, 0, pairs, pair_expert, lane);
   __syncwarp();
   const auto expert_of = [&](long long f) { return pair_expert[f]; };
   count_pairs(0, pairs, expert_of, count);

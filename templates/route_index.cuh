@@ -21,17 +21,28 @@ __device__ void route_and_index(const RouteIndexArgs& args) {
   __shared__ float prob_smem[Spec::kWarps][Spec::kExperts];
   __shared__ float score_smem[Spec::kWarps][Spec::kExperts];
   __shared__ float group_smem[Spec::kWarps][Spec::kGroups];
+  // The pairs' local experts (-1: past the last pair, or not local), for the index steps. Routing
+  // records them here as it picks them, so the index does not read topk_ids back from global
+  // memory (a dependent round trip on a decode layer's critical path).
+  __shared__ int pair_expert[Spec::kPairsPerBlock];
   const int warp = threadIdx.x / 32;
   if (args.route) {
+    for (int f = threadIdx.x; f < Spec::kPairsPerBlock; f += blockDim.x) pair_expert[f] = -1;
+    __syncthreads();  // every entry is -1 before any routing warp records a pair
+    const int expert_begin = args.index.expert_begin;
+    const auto record = [&](long long pair, int expert) {
+      const int local = expert - expert_begin;
+      pair_expert[pair] = (local >= 0 && local < Spec::kLocalExperts) ? local : -1;
+    };
     const int tokens = static_cast<int>(args.routing.tokens);  // <= kFusedRouteIndexMaxTokens
     for (int token = warp; token < tokens; token += Spec::kWarps) {
       __syncwarp();  // the previous token's reads of this warp's scratch rows are done
-      route_token<Spec>(args.routing, token, prob_smem[warp], score_smem[warp], group_smem[warp]);
+      route_token<Spec>(args.routing, token, prob_smem[warp], score_smem[warp], group_smem[warp], record);
     }
-    __syncthreads();  // every token's ids are written (and visible to the block) before indexing
+    __syncthreads();  // every token's experts are recorded (and visible to the block) before indexing
   }
   if (warp != 0) return;
-  index_single_block<Spec>(args.index);
+  index_single_block<Spec>(args.index, pair_expert, args.route != 0);
 }
 
 }  // namespace moejit

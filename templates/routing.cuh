@@ -120,9 +120,17 @@ __device__ __forceinline__ ScoredIndex warp_argmax(const float* scores, int n, i
   return best;
 }
 
+// What route_token does with each chosen expert besides writing topk_ids: nothing (the routing
+// kernel), or route_index.cuh's record of the pair's local expert in shared memory.
+struct NoRecord {
+  __device__ __forceinline__ void operator()(long long /*pair*/, int /*expert*/) const {}
+};
+
 // Routes one token with one warp; the warp's scratch rows are p, q ([E] each) and group_score ([G]).
-template <typename Spec>
-__device__ __forceinline__ void route_token(const RouteArgs& args, long long token, float* p, float* q, float* group_score) {
+// Lane 0 also calls record(pair, expert) for the token's K pairs.
+template <typename Spec, typename Record = NoRecord>
+__device__ __forceinline__ void route_token(const RouteArgs& args, long long token, float* p, float* q, float* group_score,
+                                            const Record& record = Record()) {
   constexpr int E = Spec::kExperts;
   constexpr int K = Spec::kTopk;
   constexpr int G = Spec::kGroups;
@@ -204,6 +212,7 @@ __device__ __forceinline__ void route_token(const RouteArgs& args, long long tok
       float w = renormalize ? weight[j] / weight_sum : weight[j];
       args.topk_weights[token * K + j] = w * Spec::kScale;
       args.topk_ids[token * K + j] = ids[j];
+      record(token * K + j, ids[j]);
     }
   }
 }
