@@ -695,6 +695,43 @@ class PresetBench:
             torch.cuda.empty_cache()
 
 
+# Decode's fixed cost: the layer with the preset's routing, launches and dependencies, but weights so
+# small that streaming them takes well under a microsecond.
+CHAIN_PROBE_DIMS = dict(hidden=256, moe_intermediate=128)
+CHAIN_PROBE_MAX_TOKENS = 16
+
+
+def chain_probe(name, p, dev, args, report, moejit, measured):
+    """Times the moejit layer of `p` shrunk to CHAIN_PROBE_DIMS (same experts, top-k, scoring) at the
+    run's decode token counts and emits one line: what a decode call costs besides its weight bytes."""
+    tokens = [t for t in args.tokens if t <= CHAIN_PROBE_MAX_TOKENS]
+    if not tokens:
+        return
+    probe = None
+    try:
+        probe = PresetBench(name, dict(p, **CHAIN_PROBE_DIMS), dev, args, report, moejit, None)
+        moejit.compile(probe.cfg, dev.dev, progress=False)
+        cells = []
+        for t in tokens:
+            buf, fill = probe.make_inputs(t, args.calls)
+            chain_ms = dev.time_graph(probe.calls(buf)["moejit"], fill, args.calls).ms
+            full_ms = (measured.get(t) or {}).get("moejit")
+            cells.append(f"T={t} {chain_ms * 1e3:.1f} us" +
+                         (f" ({100 * chain_ms / full_ms:.0f}% of the layer's {full_ms * 1e3:.1f} us)" if full_ms else ""))
+            del buf, fill
+        report.emit(f"- launch chain: the same layer at H={CHAIN_PROBE_DIMS['hidden']}, "
+                    f"I={CHAIN_PROBE_DIMS['moe_intermediate']} (the same routing, launches and dependencies, "
+                    f"almost no weight bytes; CUDA graph): {', '.join(cells)}")
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc(file=sys.stderr)
+        report.emit(f"- launch chain probe failed: {short_error(e)}")
+    finally:
+        if probe is not None:
+            probe.free()
+        del probe
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Driver
 
@@ -732,6 +769,8 @@ def build_parser():
     ap.add_argument("--breakdown", default=DEFAULT_BREAKDOWN, metavar="PRESET:T,...",
                     help=f"per-kernel breakdown points (default {DEFAULT_BREAKDOWN}; 'none' to skip); "
                          "only points of presets that run")
+    ap.add_argument("--no-chain-probe", action="store_true",
+                    help="skip the launch-chain probe (each preset's layer at H=256, I=128, timed at T <= 16)")
     ap.add_argument("--profile-iters", type=int, default=5, help="eager calls profiled per breakdown (default 5)")
     ap.add_argument("--bw-gib", type=float, default=4.0, help="size of the read-bandwidth reduction, GiB (default 4)")
     ap.add_argument("--device", default="cuda", help="CUDA device (default cuda, i.e. the current one)")
@@ -914,6 +953,8 @@ def main(argv=None):
         for note in bench.notes:
             report.emit(f"- {note}")
         failures.extend(f"{name} {f}" for f in bench.failed)
+        if dev.cuda and not args.self_test and not args.no_chain_probe:
+            chain_probe(name, p, dev, args, report, moejit, measured)
         report.emit("")
         for bname, btokens in args.breakdown_points:
             if bname != name:
