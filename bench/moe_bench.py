@@ -32,6 +32,9 @@ What each timing includes (every timing starts from inputs already in device mem
                      .nonzero()/torch.where host syncs; the loop is the same for Qwen3-MoE and DeepSeek-V3)
                      on the same precomputed ids (int64) and weights. Not graph-capturable: timed eagerly,
                      CUDA events around each single call (host syncs included), median.
+  launch chain       per preset, the moejit layer with H=256, I=128 and the preset's experts, top-k and
+                     scoring, at the run's T <= 16: its routing, launches and dependencies with almost no
+                     weight bytes, i.e. what a decode call costs besides streaming its weights.
 Baselines exclude routing; "moejit/grouped_mm" therefore compares experts-only with grouped_mm.
 """
 
