@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "cache/kernel_cache.h"
-#include "compiler/knobs.h"
+#include "common/knobs.h"
 #include "compiler/layer_compiler.h"
 
 namespace fs = std::filesystem;

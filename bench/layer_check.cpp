@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "runtime/layer.h"
 #include "tests/reference/reference.h"
 

@@ -7,7 +7,7 @@
 
 #include <openssl/evp.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 
 namespace moejit {
 namespace {

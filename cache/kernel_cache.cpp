@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "compiler/error.h"
-#include "compiler/knobs.h"
+#include "common/error.h"
+#include "common/knobs.h"
 
 namespace moejit {
 

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/hf_config.h"
 
 namespace moejit::cli {

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "compiler/version.h"
+#include "common/version.h"
 
 namespace moejit {
 namespace {

@@ -11,7 +11,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "compiler/error.h"
+#include "common/error.h"
 
 namespace moejit {
 namespace {

@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "compiler/knobs.h"
-#include "compiler/version.h"
+#include "common/knobs.h"
+#include "common/version.h"
 
 namespace moejit {
 

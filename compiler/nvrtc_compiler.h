@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "compiler/codegen.h"
-#include "compiler/error.h"
+#include "common/error.h"
 
 namespace moejit {
 

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/plan.h"
 
 namespace moejit {

@@ -10,9 +10,9 @@
 
 #include "cache/cache_key.h"
 #include "cache/kernel_cache.h"
-#include "compiler/error.h"
-#include "compiler/knobs.h"
-#include "compiler/version.h"
+#include "common/error.h"
+#include "common/knobs.h"
+#include "common/version.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/layer.h"
 

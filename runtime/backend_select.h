@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "compiler/knobs.h"
+#include "common/knobs.h"
 #include "runtime/cuda_driver.h"
 
 namespace moejit {

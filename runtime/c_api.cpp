@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/hf_config.h"
 #include "runtime/layer.h"
 

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 
 namespace moejit {
 namespace {

@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 
 #include "cache/kernel_cache.h"
-#include "compiler/error.h"
-#include "compiler/knobs.h"
+#include "common/error.h"
+#include "common/knobs.h"
 #include "compiler/layer_compiler.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"

@@ -23,8 +23,8 @@
 #include "backends/ixformer/torch_dispatch.h"
 #include "backends/torch/cpu_kernels.h"
 #include "backends/torch/dtype.h"
-#include "compiler/error.h"
-#include "compiler/knobs.h"
+#include "common/error.h"
+#include "common/knobs.h"
 #include "runtime/layer.h"
 
 namespace moejit::torch_ops {
@@ -306,7 +306,7 @@ TORCH_LIBRARY(moejit, m) {
       "Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, str config) -> Tensor");
   // No tensor argument, so no dispatch key: registered as a catch-all kernel.
   m.def("compile(str config, int device) -> str", &moejit::torch_ops::compile_cuda);
-  // MOEJIT_LOG as compiler/knobs.cpp read it, so the Python side needs no environment access.
+  // MOEJIT_LOG as common/knobs.cpp read it, so the Python side needs no environment access.
   m.def("log_level() -> str", [] { return moejit::knobs().log_level; });
 }
 

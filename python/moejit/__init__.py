@@ -39,7 +39,7 @@ __all__ = ["MoeConfig", "MoELayer", "compile", "patch", "register_hf", "set_log_
 
 log = logging.getLogger("moejit")
 
-# The names MOEJIT_LOG takes in C++ (compiler/knobs.cpp) plus the standard ones. "off" still shows
+# The names MOEJIT_LOG takes in C++ (common/knobs.cpp) plus the standard ones. "off" still shows
 # warnings, as the C++ side does.
 _LEVELS = {"off": logging.WARNING, "error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO,
            "debug": logging.DEBUG}

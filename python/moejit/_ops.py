@@ -5,7 +5,7 @@ Where it looks, in order:
      library to python/moejit/lib/ before `pip install ./python`).
   2. <repo>/build/backends/torch/libmoejit_torch.so, relative to this file: running from the source
      tree with PYTHONPATH=python after scripts/build.sh.
-No environment variable is read here (every MOEJIT_* knob lives in compiler/knobs.cpp).
+No environment variable is read here (every MOEJIT_* knob lives in common/knobs.cpp).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "cache/kernel_cache.h"
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/plan.h"
 #include "runtime/autotune.h"
 

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/hf_config.h"
 #include "compiler/moe_config.h"
 

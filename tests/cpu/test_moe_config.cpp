@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/moe_config.h"
 
 namespace moejit {

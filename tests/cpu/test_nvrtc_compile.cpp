@@ -7,7 +7,7 @@
 #include <string>
 
 #include "compiler/codegen.h"
-#include "compiler/knobs.h"
+#include "common/knobs.h"
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
 #include "compiler/plan.h"

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "compiler/codegen.h"
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/plan.h"
 
 namespace moejit {

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 #include "compiler/moe_config.h"
 
 namespace moejit {

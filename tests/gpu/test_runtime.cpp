@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "compiler/error.h"
-#include "compiler/knobs.h"
+#include "common/error.h"
+#include "common/knobs.h"
 #include "harness.h"
 
 namespace moejit::test {

@@ -4,8 +4,8 @@
 
 #include <cstdlib>
 
-#include "compiler/error.h"
-#include "compiler/knobs.h"
+#include "common/error.h"
+#include "common/knobs.h"
 #include "runtime/backend_select.h"
 
 namespace moejit {

@@ -1,11 +1,11 @@
-#include "compiler/knobs.h"
+#include "common/knobs.h"
 
 #include <cstdlib>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "compiler/error.h"
+#include "common/error.h"
 
 #ifndef MOEJIT_BUILD_CUDA_HOME
 #define MOEJIT_BUILD_CUDA_HOME "/usr/local/cuda"
