@@ -1,5 +1,7 @@
 // The disk cache (DESIGN.md decision 5): layout, trust checks, atomic publish, verified loads,
-// quarantine, LRU eviction and the per-key lock.
+// quarantine, LRU eviction and the per-key lock. What an entry holds (its files, meta.json and
+// their checks) is disk_entry.cpp's; the POSIX file work (reads, fsynced writes, folder walking,
+// removal) is cache_files.cpp's.
 //
 // Layout under <root>/v1:
 //   <arch>/<key[0:2]>/<key>/{kernel.cu, kernel.cubin, meta.json}   published entries
@@ -17,276 +19,45 @@
 // reason); nothing here throws except std::bad_alloc.
 #include "cache/disk_cache.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <ctime>
-#include <filesystem>
-#include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
-#include "cache/cache_key.h"
+#include "cache/cache_files.h"
+#include "cache/disk_entry.h"
 
 namespace moejit {
+
+using cache_files::base_of;
+using cache_files::bytes_in;
+using cache_files::distrust;
+using cache_files::errno_text;
+using cache_files::Fd;
+using cache_files::mkdir_p;
+using cache_files::mtime_ns;
+using cache_files::names_in;
+using cache_files::parent_of;
+using cache_files::RemoveOnExit;
+using cache_files::remove_tree;
+using cache_files::stamp;
+using cache_files::trusted;
+using cache_files::unique_name;
+using disk_entry::EntryRead;
+using disk_entry::read_entry;
+using disk_entry::valid_arch;
+using disk_entry::valid_key;
+
 namespace {
 
-using nlohmann::json;
-
-constexpr const char* kSource = "kernel.cu";
-constexpr const char* kCubin = "kernel.cubin";
-constexpr const char* kMeta = "meta.json";
 constexpr int64_t kStaleTmpSeconds = 3600;
-constexpr size_t kWriteChunk = size_t{1} << 20;
-
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-// Closes a descriptor on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-// Removes a folder on scope exit unless released (a failed or lost publish leaves nothing).
-class RemoveOnExit {
- public:
-  explicit RemoveOnExit(std::string path) : path_(std::move(path)) {}
-  RemoveOnExit(const RemoveOnExit&) = delete;
-  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
-  ~RemoveOnExit() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);  // best effort; a leftover is swept after an hour
-  }
-  void release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
-// Arch and key become path components: only [0-9A-Za-z_-], so never ".", "..", "/" or a dot
-// that would make the tmp/quarantine names ambiguous. Arch may not shadow the service folders.
-bool safe_component(std::string_view s, size_t min_len, size_t max_len) {
-  if (s.size() < min_len || s.size() > max_len) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-           c == '-';
-  });
-}
-bool valid_arch(std::string_view arch) {
-  return safe_component(arch, 1, 64) && arch != "tmp" && arch != "quarantine" && arch != "locks";
-}
-bool valid_key(std::string_view key) { return safe_component(key, 2, 128); }
-
-// Trusted: owned by this user and not writable by group or others.
-bool trusted(const struct stat& st) {
-  return st.st_uid == ::geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
-}
-
-int64_t mtime_ns(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-struct timespec now_realtime() {
-  struct timespec ts {};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return ts;
-}
-
-// The LRU stamp: mtime = now, atime untouched. Best effort (a read-only disk keeps the old one).
-void stamp(int dirfd) {
-  struct timespec times[2] = {{0, UTIME_OMIT}, now_realtime()};
-  (void)::futimens(dirfd, times);
-}
-
-// mkdir -p: every folder it creates gets mode 0700 (chmod after mkdir, so the umask cannot widen
-// or narrow it). Returns 0 or an errno; ENOTDIR when a component exists but is not a folder.
-int mkdir_p(const std::string& path) {
-  if (path.empty()) return ENOENT;
-  for (size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos != path.size() && path[pos] != '/') continue;
-    std::string prefix = path.substr(0, pos);
-    if (prefix.back() == '/') continue;  // "a//b"
-    if (::mkdir(prefix.c_str(), 0700) == 0) {
-      if (::chmod(prefix.c_str(), 0700) != 0) return errno;
-      continue;
-    }
-    int err = errno;
-    if (err != EEXIST) return err;
-    struct stat st {};
-    if (::stat(prefix.c_str(), &st) != 0) return errno;
-    if (!S_ISDIR(st.st_mode)) return ENOTDIR;
-  }
-  return 0;
-}
-
-std::string parent_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
-std::string base_of(const std::string& path) { return path.substr(path.rfind('/') + 1); }
-
-// Names in a folder, without "." and ".."; empty when it cannot be read.
-std::vector<std::string> names_in(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return names;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != "..") names.emplace_back(n);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-// Sum of the regular files' sizes directly inside `dir` (entries are flat).
-int64_t bytes_in(const std::string& dir) {
-  int64_t total = 0;
-  for (const auto& name : names_in(dir)) {
-    struct stat st {};
-    std::string p = dir + "/" + name;
-    if (::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += st.st_size;
-  }
-  return total;
-}
-
-// Writes a new file in `dirfd` and fsyncs it. Returns 0 or an errno.
-// Writes go out in pieces of at most 1 MiB; the cache tests' worker paces them to be killed
-// mid-write, which is exactly the crash the temp folder makes harmless.
-int write_file(int dirfd, const char* name, std::string_view data) {
-  Fd fd(::openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (fd.get() < 0) return errno;
-  size_t done = 0;
-  while (done < data.size()) {
-    size_t n = std::min(kWriteChunk, data.size() - done);
-    ssize_t w = ::write(fd.get(), data.data() + done, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd.get()) != 0) return errno;
-  if (::close(fd.release()) != 0) return errno;
-  return 0;
-}
-
-enum class FileState { Ok, Missing, Refused, Unreadable };
-
-// Reads a file of an entry, refusing one that is not a regular file owned by this user and
-// closed to writes by group/others.
-FileState read_file(int dirfd, const char* name, std::string* out) {
-  Fd fd(::openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (fd.get() < 0) return errno == ENOENT ? FileState::Missing : FileState::Unreadable;
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return FileState::Unreadable;
-  if (!trusted(st)) return FileState::Refused;
-  out->clear();
-  out->reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t r = ::read(fd.get(), buf, sizeof buf);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return FileState::Unreadable;
-    }
-    if (r == 0) break;
-    out->append(buf, static_cast<size_t>(r));
-  }
-  return FileState::Ok;
-}
-
-// What reading one entry found.
-struct EntryRead {
-  enum Status { Ok, Refused, Corrupt } status = Corrupt;
-  std::string why;
-  CachedBinary binary;
-};
-
-bool string_list(const json& j, std::vector<std::string>* out) {
-  if (!j.is_array()) return false;
-  out->clear();
-  for (const auto& v : j) {
-    if (!v.is_string()) return false;
-    out->push_back(v.get<std::string>());
-  }
-  return true;
-}
-
-// Reads and checks an opened entry folder: trust of each file, meta.json, both digests, and that
-// the entry is really the one asked for (a folder renamed to another key's path is corrupt).
-EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key) {
-  EntryRead r;
-  std::string meta_text;
-  CachedBinary& b = r.binary;
-  const std::pair<const char*, std::string*> files[] = {
-      {kMeta, &meta_text}, {kCubin, &b.cubin}, {kSource, &b.source}};
-  for (const auto& [name, out] : files) {
-    switch (read_file(dirfd, name, out)) {
-      case FileState::Ok: break;
-      case FileState::Refused:
-        r.status = EntryRead::Refused;
-        r.why = fmt::format("{} is not owned by this user or is writable by others", name);
-        return r;
-      case FileState::Missing: r.why = fmt::format("{} is missing", name); return r;
-      case FileState::Unreadable: r.why = fmt::format("{} cannot be read", name); return r;
-    }
-  }
-  json meta = json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object()) {
-    r.why = "meta.json is not a JSON object";
-    return r;
-  }
-  auto str = [&](const char* field) -> std::string {
-    auto it = meta.find(field);
-    return it != meta.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  if (str("arch") != arch || str("key") != key) {
-    r.why = "meta.json names another arch or key";
-    return r;
-  }
-  auto names = meta.find("kernel_names");
-  if (names == meta.end() || !string_list(*names, &b.kernel_names)) {
-    r.why = "meta.json has no kernel_names list";
-    return r;
-  }
-  if (str("cubin_sha256") != sha256_hex(b.cubin)) {
-    r.why = "kernel.cubin does not match its SHA-256 in meta.json";
-    return r;
-  }
-  if (str("source_sha256") != sha256_hex(b.source)) {
-    r.why = "kernel.cu does not match its SHA-256 in meta.json";
-    return r;
-  }
-  auto info = meta.find("info");
-  b.meta = info != meta.end() ? *info : json::object();
-  b.arch = arch;
-  b.key = key;
-  r.status = EntryRead::Ok;
-  return r;
-}
-
-// Names of moved-aside folders are unique per process: <key>.<pid>.<n>.
-std::string unique_name(const std::string& prefix) {
-  static std::atomic<uint64_t> counter{0};
-  return fmt::format("{}.{}.{}", prefix, ::getpid(), counter.fetch_add(1));
-}
 
 // The root-level failure, worded for the one warning the user sees.
 std::string describe_failure(const std::string& root, const std::string& doing, int err) {
@@ -304,20 +75,6 @@ std::string describe_failure(const std::string& root, const std::string& doing, 
     default:
       return fmt::format("cache root {} is not usable ({}: {})", root, doing, errno_text(err));
   }
-}
-
-// Why a folder of the layout may not be trusted, or "".
-std::string distrust(const std::string& path, const struct stat& st) {
-  if (!S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", path);
-  if (st.st_uid != ::geteuid())
-    return fmt::format("{} is owned by uid {}, not by this user (uid {}); refusing it", path,
-                       st.st_uid, ::geteuid());
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    return fmt::format(
-        "{} is writable by group or others (mode {:o}); refusing it, since a shared writable "
-        "cache lets others inject code (fix: chmod 700 {})",
-        path, st.st_mode & 07777, path);
-  return {};
 }
 
 }  // namespace
@@ -374,8 +131,7 @@ void DiskCache::sweep_tmp() {
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
     if (st.st_mtim.tv_sec >= cutoff) continue;
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    remove_tree(path);
   }
 }
 
@@ -438,21 +194,8 @@ bool DiskCache::publish(const CachedBinary& binary, std::string* error) {
   Fd tmpfd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (tmpfd.get() < 0) return fail(fmt::format("opening {}: {}", tmp, errno_text(errno)));
 
-  json meta = {
-      {"arch", binary.arch},
-      {"key", binary.key},
-      {"cubin_sha256", sha256_hex(binary.cubin)},
-      {"source_sha256", sha256_hex(binary.source)},
-      {"kernel_names", binary.kernel_names},
-      {"info", binary.meta},
-  };
-  // Invalid UTF-8 in free-form info (a compiler log) is replaced rather than thrown on.
-  std::string meta_text = meta.dump(2, ' ', false, json::error_handler_t::replace);
-  const std::pair<const char*, std::string_view> files[] = {
-      {kSource, binary.source}, {kCubin, binary.cubin}, {kMeta, meta_text}};
-  for (const auto& [name, data] : files)
-    if (int err = write_file(tmpfd.get(), name, data))
-      return fail(fmt::format("writing {}/{}: {}", tmp, name, errno_text(err)));
+  if (std::string why = disk_entry::write_entry(tmpfd.get(), tmp, binary); !why.empty())
+    return fail(std::move(why));
   if (::fsync(tmpfd.get()) != 0) return fail(fmt::format("fsync {}: {}", tmp, errno_text(errno)));
 
   std::string dir = entry_dir(binary.arch, binary.key);
@@ -533,14 +276,8 @@ std::vector<DiskEntryInfo> DiskCache::list() const {
     info.bytes = s.bytes;
     info.last_used_unix = s.mtime_ns / 1000000000;
     // Kernel names for display only; a bad meta.json shows none (verify() reports it).
-    if (Fd fd(::open(s.path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)); fd.get() >= 0) {
-      std::string text;
-      if (read_file(fd.get(), kMeta, &text) == FileState::Ok) {
-        json meta = json::parse(text, nullptr, false);
-        if (meta.is_object() && meta.contains("kernel_names"))
-          string_list(meta["kernel_names"], &info.kernel_names);
-      }
-    }
+    if (Fd fd(::open(s.path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)); fd.get() >= 0)
+      info.kernel_names = disk_entry::kernel_names(fd.get());
     out.push_back(std::move(info));
   }
   return out;
@@ -592,8 +329,7 @@ bool DiskCache::remove_entry(const std::string& dir, bool* gone) const {
     *gone = errno == ENOENT;
     return false;
   }
-  std::error_code ec;
-  std::filesystem::remove_all(target, ec);
+  remove_tree(target);
   return true;
 }
 
@@ -640,10 +376,7 @@ int DiskCache::clear() {
   }
   for (const char* sub : {"/v1/quarantine", "/v1/locks"}) {
     std::string dir = root_ + sub;
-    for (const auto& name : names_in(dir)) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir + "/" + name, ec);
-    }
+    for (const auto& name : names_in(dir)) remove_tree(dir + "/" + name);
   }
   return removed;
 }

@@ -1,6 +1,7 @@
 #include "common/knobs.h"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <thread>
 
 #include <fmt/format.h>
@@ -37,68 +38,155 @@ int64_t env_int(const char* name, int64_t fallback, int64_t min) {
   return parsed;
 }
 
+// The first of the variables that is set and not empty, else `fallback`.
+std::string env_or(std::initializer_list<const char*> names, std::string fallback) {
+  for (const char* name : names)
+    if (std::string v = env(name); !v.empty()) return v;
+  return fallback;
+}
+
+// One word of `words` (exact, case-sensitive); unset or empty is `fallback`.
+std::string env_choice(const char* name, const char* fallback, std::initializer_list<const char*> words) {
+  std::string v = env_or({name}, fallback);
+  std::string allowed;
+  for (const char* w : words) {
+    if (v == w) return v;
+    allowed += allowed.empty() ? w : std::string(", ") + w;
+  }
+  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: {}", name, v, allowed));
+}
+
+std::string flag_text(bool on) { return on ? "1" : "0"; }
+
+// The table. Order: the README's, which is also the order the variables are read (and so which
+// bad value is reported when several are bad). Texts are Markdown, as the README shows them.
+constexpr KnobDescriptor kKnobs[] = {
+    {.variable = "MOEJIT_CACHE_DIR",
+     .default_text = "`$XDG_CACHE_HOME/moejit`, else `~/.cache/moejit`",
+     .meaning = "cache root (created 0700)",
+     .code_affecting = false,
+     .read =
+         [](Knobs& k) {
+           k.cache_dir = env("MOEJIT_CACHE_DIR");
+           if (!k.cache_dir.empty()) return;
+           std::string xdg = env("XDG_CACHE_HOME");
+           std::string home = env("HOME");
+           if (!xdg.empty())
+             k.cache_dir = xdg + "/moejit";
+           else if (!home.empty())
+             k.cache_dir = home + "/.cache/moejit";
+           else
+             k.cache_dir = "/tmp/moejit-cache";
+         },
+     .show = [](const Knobs& k) { return k.cache_dir; }},
+    {.variable = "MOEJIT_CACHE_MAX_BYTES",
+     .default_text = "4 GiB",
+     .meaning = "disk cap, least-recently-used entries evicted past it (0: no cap)",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.cache_max_bytes = env_int("MOEJIT_CACHE_MAX_BYTES", int64_t{4} << 30, 0); },
+     .show = [](const Knobs& k) { return std::to_string(k.cache_max_bytes); }},
+    {.variable = "MOEJIT_DISK_CACHE",
+     .default_text = "1",
+     .meaning = "0 keeps binaries in memory only",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.disk_cache = env_flag("MOEJIT_DISK_CACHE", true); },
+     .show = [](const Knobs& k) { return flag_text(k.disk_cache); }},
+    {.variable = "MOEJIT_CUDA_HOME",
+     .default_text = "`CUDA_HOME`, else the build's toolkit",
+     .meaning = "where CUB/CCCL headers are found at run time",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.cuda_home = env_or({"MOEJIT_CUDA_HOME", "CUDA_HOME"}, MOEJIT_BUILD_CUDA_HOME); },
+     .show = [](const Knobs& k) { return k.cuda_home; }},
+    {.variable = "MOEJIT_COMPILE_THREADS",
+     .default_text = "hardware threads",
+     .meaning = "parallel NVRTC compiles",
+     .code_affecting = false,
+     .read =
+         [](Knobs& k) {
+           unsigned hw = std::thread::hardware_concurrency();
+           k.compile_threads = static_cast<int>(env_int("MOEJIT_COMPILE_THREADS", hw ? hw : 1, 1));
+         },
+     .show = [](const Knobs& k) { return std::to_string(k.compile_threads); }},
+    {.variable = "MOEJIT_LOG",
+     .default_text = "off",
+     .meaning = "off, info, debug: one stderr line per compiled or loaded unit; the torch.compile backend's "
+                "reports",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.log_level = env_choice("MOEJIT_LOG", "off", {"off", "info", "debug"}); },
+     .show = [](const Knobs& k) { return k.log_level; }},
+    {.variable = "MOEJIT_NVRTC_PCH",
+     .default_text = "0",
+     .meaning = "NVRTC precompiled headers (helps only within one process)",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.nvrtc_pch = env_flag("MOEJIT_NVRTC_PCH", false); },
+     .show = [](const Knobs& k) { return flag_text(k.nvrtc_pch); }},
+    {.variable = "MOEJIT_LINEINFO",
+     .default_text = "0",
+     .meaning = "compile with `-lineinfo` (changes the binary: part of the cache key)",
+     .code_affecting = true,
+     .read = [](Knobs& k) { k.lineinfo = env_flag("MOEJIT_LINEINFO", false); },
+     .show = [](const Knobs& k) { return flag_text(k.lineinfo); }},
+    {.variable = "MOEJIT_REPRO_DIR",
+     .default_text = "`$TMPDIR`, else /tmp",
+     .meaning = "where a failed compile is saved with a `repro.sh`",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.repro_dir = env_or({"MOEJIT_REPRO_DIR", "TMPDIR"}, "/tmp"); },
+     .show = [](const Knobs& k) { return k.repro_dir; }},
+    // Not code-affecting as a knob: the tiles are in the generated source, which the key holds.
+    {.variable = "MOEJIT_TILES",
+     .default_text = "(planner's)",
+     .meaning = "GEMM tiles per bucket, e.g. "
+                "`prefill.gemm1=wg:128x128x64:s4,mid.gemm2=tc:64x128x64:s4:w2x2,decode.gemm2=simt:16x64x32` "
+                "(`wg`: sm_90a only); checked against the config, part of the generated source (so of the "
+                "cache key)",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.tiles = env("MOEJIT_TILES"); },
+     .show = [](const Knobs& k) { return k.tiles; }},
+    {.variable = "MOEJIT_PDL",
+     .default_text = "1",
+     .meaning = "on sm_90+, a layer call's kernels after the first are launched with programmatic dependent "
+                "launch (each starts while the previous one drains, and waits for it before touching memory); "
+                "0: plain stream order (for A/B timing)",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.programmatic_launch = env_flag("MOEJIT_PDL", true); },
+     .show = [](const Knobs& k) { return flag_text(k.programmatic_launch); }},
+    {.variable = "MOEJIT_BACKEND",
+     .default_text = "auto",
+     .meaning = "auto (Iluvatar devices use ixformer, others the JIT), jit, ixformer (to force one for testing)",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.backend = env_choice("MOEJIT_BACKEND", "auto", {"auto", "jit", "ixformer"}); },
+     .show = [](const Knobs& k) { return k.backend; }},
+};
+
 }  // namespace
+
+std::span<const KnobDescriptor> knob_descriptors() { return kKnobs; }
 
 Knobs Knobs::from_environment() {
   Knobs k;
-  k.cache_dir = env("MOEJIT_CACHE_DIR");
-  if (k.cache_dir.empty()) {
-    std::string xdg = env("XDG_CACHE_HOME");
-    std::string home = env("HOME");
-    if (!xdg.empty())
-      k.cache_dir = xdg + "/moejit";
-    else if (!home.empty())
-      k.cache_dir = home + "/.cache/moejit";
-    else
-      k.cache_dir = "/tmp/moejit-cache";
-  }
-  k.cache_max_bytes = env_int("MOEJIT_CACHE_MAX_BYTES", int64_t{4} << 30, 0);
-  k.disk_cache = env_flag("MOEJIT_DISK_CACHE", true);
-  k.cuda_home = env("MOEJIT_CUDA_HOME");
-  if (k.cuda_home.empty()) k.cuda_home = env("CUDA_HOME");
-  if (k.cuda_home.empty()) k.cuda_home = MOEJIT_BUILD_CUDA_HOME;
-  unsigned hw = std::thread::hardware_concurrency();
-  k.compile_threads = static_cast<int>(env_int("MOEJIT_COMPILE_THREADS", hw ? hw : 1, 1));
-  k.log_level = env("MOEJIT_LOG");
-  if (k.log_level.empty()) k.log_level = "off";
-  if (k.log_level != "off" && k.log_level != "info" && k.log_level != "debug")
-    throw InvalidInput(
-        fmt::format("MOEJIT_LOG: '{}' is not allowed; allowed values: off, info, debug", k.log_level));
-  k.nvrtc_pch = env_flag("MOEJIT_NVRTC_PCH", false);
-  k.lineinfo = env_flag("MOEJIT_LINEINFO", false);
-  k.repro_dir = env("MOEJIT_REPRO_DIR");
-  if (k.repro_dir.empty()) k.repro_dir = env("TMPDIR");
-  if (k.repro_dir.empty()) k.repro_dir = "/tmp";
-  k.tiles = env("MOEJIT_TILES");
-  k.programmatic_launch = env_flag("MOEJIT_PDL", true);
-  k.backend = env("MOEJIT_BACKEND");
-  if (k.backend.empty()) k.backend = "auto";
-  if (k.backend != "auto" && k.backend != "jit" && k.backend != "ixformer")
-    throw InvalidInput(
-        fmt::format("MOEJIT_BACKEND: '{}' is not allowed; allowed values: auto, jit, ixformer", k.backend));
+  for (const KnobDescriptor& d : kKnobs) d.read(k);
   return k;
 }
 
 std::vector<std::pair<std::string, std::string>> Knobs::code_affecting() const {
-  return {{"MOEJIT_LINEINFO", lineinfo ? "1" : "0"}};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const KnobDescriptor& d : kKnobs)
+    if (d.code_affecting) out.emplace_back(d.variable, d.show(*this));
+  return out;
 }
 
 std::vector<std::vector<std::string>> Knobs::table() const {
-  return {
-      {"MOEJIT_CACHE_DIR", cache_dir, "cache root (else $XDG_CACHE_HOME/moejit, else ~/.cache/moejit)"},
-      {"MOEJIT_CACHE_MAX_BYTES", std::to_string(cache_max_bytes), "disk cache cap; LRU eviction past it (0: no cap)"},
-      {"MOEJIT_DISK_CACHE", disk_cache ? "1" : "0", "0 keeps binaries in memory only"},
-      {"MOEJIT_CUDA_HOME", cuda_home, "CUDA toolkit for CUB/CCCL headers (else CUDA_HOME, else the build's)"},
-      {"MOEJIT_COMPILE_THREADS", std::to_string(compile_threads), "parallel NVRTC compiles"},
-      {"MOEJIT_LOG", log_level, "off | info | debug: compile/cache lines on stderr; the torch.compile backend's reports"},
-      {"MOEJIT_NVRTC_PCH", nvrtc_pch ? "1" : "0", "NVRTC precompiled headers (in-process)"},
-      {"MOEJIT_LINEINFO", lineinfo ? "1" : "0", "compile with -lineinfo (changes the binary; in the cache key)"},
-      {"MOEJIT_REPRO_DIR", repro_dir, "where a failed compile is saved for reproduction"},
-      {"MOEJIT_TILES", tiles, "GEMM tile overrides, e.g. prefill.gemm1=tc:128x128x64:s3:w2x4 (see `moejit dump-source --plan`)"},
-      {"MOEJIT_PDL", programmatic_launch ? "1" : "0",
-       "1: a layer's kernels after its first start while the previous one drains (sm_90+); 0: plain stream order"},
-      {"MOEJIT_BACKEND", backend, "auto | jit | ixformer (auto: ixformer on Iluvatar devices, else the JIT)"},
-  };
+  std::vector<std::vector<std::string>> rows;
+  for (const KnobDescriptor& d : kKnobs)
+    rows.push_back({std::string(d.variable), d.show(*this), std::string(d.meaning)});
+  return rows;
+}
+
+std::string knob_markdown_table() {
+  std::string out = "| variable | default | meaning |\n|---|---|---|\n";
+  for (const KnobDescriptor& d : kKnobs)
+    out += fmt::format("| `{}` | {} | {} |\n", d.variable, d.default_text, d.meaning);
+  return out;
 }
 
 const Knobs& knobs() {
