@@ -10,14 +10,14 @@
 
 #include "cache/kernel_cache.h"
 #include "cli/config_options.h"
-#include "compiler/codegen.h"
 #include "common/error.h"
-#include "runtime/autotune.h"
-#include "runtime/cuda_driver.h"
 #include "common/knobs.h"
+#include "common/version.h"
+#include "compiler/codegen.h"
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
-#include "common/version.h"
+#include "compiler/tuning_store.h"
+#include "runtime/autotune.h"  // --autotune only: it times layers on a GPU
 #include "runtime/backend_select.h"
 #include "runtime/cuda_driver.h"
 
@@ -66,7 +66,7 @@ void dump_source(const ConfigOptions& inputs, const std::string& arch_flag, cons
   Plan plan = plan_layer(config, arch);
   std::optional<Stage> stage;
   if (!stage_name.empty()) stage = parse_stage(stage_name);
-  if (with_plan) fmt::print("{}\n", describe(plan, max_tokens));
+  if (with_plan) fmt::print("{}\n", describe(plan, config.placement(), max_tokens));
   KernelSource source = generate(plan);
   bool printed = false;
   for (const auto& unit : source.units) {
@@ -109,7 +109,7 @@ std::vector<TileOverride> stored_tuning(const MoeConfig& config, const std::stri
   std::string why;
   const std::optional<DeviceInfo> device = query_device(0, &why);
   if (!device || arch_for(*device) != arch) return {};
-  return load_tuning(config, arch, device->name).value_or(std::vector<TileOverride>{});
+  return load_tuning(global_cache().disk(), config, arch, device->name).value_or(std::vector<TileOverride>{});
 }
 
 void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool with_plan, int64_t max_tokens) {
@@ -118,7 +118,7 @@ void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool wit
   KernelCache& cache = global_cache();
   const std::vector<TileOverride> tuned = stored_tuning(config, arch);
   if (!tuned.empty()) fmt::print("using the autotuned tiles stored for this device\n");
-  if (with_plan) fmt::print("{}\n", describe(plan_layer(config, arch, tuned), max_tokens));
+  if (with_plan) fmt::print("{}\n", describe(plan_layer(config, arch, tuned), config.placement(), max_tokens));
   CompiledLayer layer = compile_layer(config, arch, cache, [](const UnitResult& r, size_t done, size_t total) {
     fmt::print("[{}/{}] {:<8} {:<6} {:7.3f} s  {} kernel(s)  key {}\n", done, total, r.unit, to_string(r.outcome),
                r.seconds, r.binary->kernel_names.size(), r.key.substr(0, 16));

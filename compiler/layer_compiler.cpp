@@ -41,18 +41,18 @@ CacheKeyBuilder unit_cache_key(const GeneratedUnit& unit, const CompileOptions& 
   return key;
 }
 
-Plan plan_layer(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& tiles) {
+Plan plan_layer(const LayerSpec& spec, const std::string& arch, const std::vector<TileOverride>& tiles) {
   std::vector<TileOverride> all = tiles;
   for (auto& o : parse_tile_overrides(knobs().tiles)) all.push_back(std::move(o));
-  return make_plan(config, arch, all);
+  return make_plan(spec, arch, all);
 }
 
-CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, KernelCache& cache,
+CompiledLayer compile_layer(const LayerSpec& spec, const std::string& arch, KernelCache& cache,
                             const UnitProgress& progress, const std::vector<TileOverride>& tiles) {
   check_arch(arch);
   const auto start = std::chrono::steady_clock::now();
   CompiledLayer layer;
-  layer.plan = plan_layer(config, arch, tiles);
+  layer.plan = plan_layer(spec, arch, tiles);
   layer.source = generate(layer.plan);
   const CompileOptions options = compile_options_for(arch);
 

@@ -1,5 +1,7 @@
-// Compiles every kernel of a layer: plan -> source -> (cache | NVRTC), units in parallel.
-// This is what `moejit compile` and a runtime at model load call; after it, nothing compiles.
+// The compile step: (spec, arch, tiles) -> CompiledLayer (plan + binaries): plan -> source ->
+// (cache | NVRTC), units in parallel. Needs no GPU. `moejit compile` calls it directly and the
+// runtime at model load (runtime/layer.cpp), which then loads the binaries onto a device; after
+// it, nothing compiles.
 #pragma once
 
 #include <functional>
@@ -12,6 +14,7 @@
 #include "compiler/codegen.h"
 #include "compiler/nvrtc_compiler.h"
 #include "compiler/plan.h"
+#include "compiler/planner.h"
 
 namespace moejit {
 
@@ -41,11 +44,11 @@ CacheKeyBuilder unit_cache_key(const GeneratedUnit& unit, const CompileOptions& 
 
 // The plan compile_layer builds: make_plan with `tiles` (an autotuned choice), then the MOEJIT_TILES
 // overrides, which win.
-Plan plan_layer(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& tiles = {});
+Plan plan_layer(const LayerSpec& spec, const std::string& arch, const std::vector<TileOverride>& tiles = {});
 
-// Validates the config (InvalidInput), checks the arch (InvalidInput), then compiles or loads
+// Validates the spec (InvalidInput), checks the arch (InvalidInput), then compiles or loads
 // every unit. A CompileError from any unit is rethrown after the others finish.
-CompiledLayer compile_layer(const MoeConfig& config, const std::string& arch, KernelCache& cache,
+CompiledLayer compile_layer(const LayerSpec& spec, const std::string& arch, KernelCache& cache,
                             const UnitProgress& progress = {}, const std::vector<TileOverride>& tiles = {});
 
 }  // namespace moejit

@@ -95,18 +95,19 @@ bool parse_bool(std::string_view field, std::string_view value) {
 // The one table of fields: name, how to print it, how to set it from text.
 struct Field {
   std::string name;
+  bool placement;  // a run-time field (Placement), not part of the LayerSpec
   std::string (*get)(const MoeConfig&);
   void (*set)(MoeConfig&, std::string_view);
 };
 
 #define MOEJIT_INT_FIELD(f, parse)                                                 \
   Field {                                                                          \
-    #f, [](const MoeConfig& c) { return fmt::format("{}", c.f); },                 \
+    #f, false, [](const MoeConfig& c) { return fmt::format("{}", c.f); },                 \
         [](MoeConfig& c, std::string_view v) { c.f = parse(#f, v); }               \
   }
 #define MOEJIT_ENUM_FIELD(f, names, parse)                                         \
   Field {                                                                          \
-    #f, [](const MoeConfig& c) { return std::string(names.name(c.f)); },           \
+    #f, false, [](const MoeConfig& c) { return std::string(names.name(c.f)); },           \
         [](MoeConfig& c, std::string_view v) { c.f = parse; }                      \
   }
 
@@ -118,10 +119,10 @@ const std::vector<Field>& fields() {
       MOEJIT_INT_FIELD(topk_group, parse_int32),
       MOEJIT_ENUM_FIELD(scoring, kScoring, parse_enum(kScoring, "scoring", v)),
       MOEJIT_ENUM_FIELD(topk_method, kMethod, parse_enum(kMethod, "topk_method", v)),
-      Field{"renormalize", [](const MoeConfig& c) { return std::string(c.renormalize ? "true" : "false"); },
+      Field{"renormalize", false, [](const MoeConfig& c) { return std::string(c.renormalize ? "true" : "false"); },
             [](MoeConfig& c, std::string_view v) { c.renormalize = parse_bool("renormalize", v); }},
       // %.17g keeps every double exactly, so the text round-trips and the source is stable.
-      Field{"routed_scaling_factor",
+      Field{"routed_scaling_factor", false,
             [](const MoeConfig& c) { return fmt::format("{:.17g}", c.routed_scaling_factor); },
             [](MoeConfig& c, std::string_view v) {
               c.routed_scaling_factor = parse_double("routed_scaling_factor", v);
@@ -129,11 +130,11 @@ const std::vector<Field>& fields() {
       MOEJIT_INT_FIELD(hidden, parse_int),
       MOEJIT_INT_FIELD(moe_intermediate, parse_int),
       MOEJIT_ENUM_FIELD(activation, kActivation, parse_enum(kActivation, "activation", v)),
-      Field{"gated", [](const MoeConfig& c) { return std::string(c.gated ? "true" : "false"); },
+      Field{"gated", false, [](const MoeConfig& c) { return std::string(c.gated ? "true" : "false"); },
             [](MoeConfig& c, std::string_view v) { c.gated = parse_bool("gated", v); }},
       MOEJIT_ENUM_FIELD(dtype, kDType, parse_dtype("dtype", v)),
       MOEJIT_ENUM_FIELD(router_dtype, kDType, parse_dtype("router_dtype", v)),
-      Field{"quant", [](const MoeConfig& c) { return std::string(kQuant.name(c.quant)); },
+      Field{"quant", false, [](const MoeConfig& c) { return std::string(kQuant.name(c.quant)); },
             [](MoeConfig& c, std::string_view v) {
               if (v.starts_with("fp8") || v.starts_with("w8a8_fp8"))
                 throw InvalidInput(fmt::format(
@@ -141,9 +142,11 @@ const std::vector<Field>& fields() {
               c.quant = parse_enum(kQuant, "quant", v);
             }},
       MOEJIT_INT_FIELD(ep_size, parse_int32),
-      MOEJIT_INT_FIELD(ep_rank, parse_int32),
+      Field{"ep_rank", true, [](const MoeConfig& c) { return fmt::format("{}", c.ep_rank); },
+            [](MoeConfig& c, std::string_view v) { c.ep_rank = parse_int32("ep_rank", v); }},
       MOEJIT_INT_FIELD(tp_size, parse_int32),
-      MOEJIT_INT_FIELD(tp_rank, parse_int32),
+      Field{"tp_rank", true, [](const MoeConfig& c) { return fmt::format("{}", c.tp_rank); },
+            [](MoeConfig& c, std::string_view v) { c.tp_rank = parse_int32("tp_rank", v); }},
       MOEJIT_INT_FIELD(n_shared_experts, parse_int32),
       MOEJIT_ENUM_FIELD(weight_layout, kLayout, parse_enum(kLayout, "weight_layout", v)),
   };
@@ -276,6 +279,8 @@ void validate(const MoeConfig& config) {
   if (!errors.empty()) throw InvalidInput(errors.front());
 }
 
+void validate(const LayerSpec& spec) { validate(at_placement(spec)); }
+
 void set_field(MoeConfig& config, std::string_view field, std::string_view value) {
   for (auto& f : fields()) {
     if (f.name == field) {
@@ -354,6 +359,14 @@ MoeConfig config_from_json(const nlohmann::json& j) {
 std::string describe(const MoeConfig& config) {
   std::string out;
   for (auto& f : fields()) out += fmt::format("{} = {}\n", f.name, f.get(config));
+  return out;
+}
+
+std::string describe(const LayerSpec& spec) {
+  const MoeConfig config = at_placement(spec);
+  std::string out;
+  for (auto& f : fields())
+    if (!f.placement) out += fmt::format("{} = {}\n", f.name, f.get(config));
   return out;
 }
 

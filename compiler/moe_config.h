@@ -29,7 +29,9 @@ std::string_view to_string(Quant v);
 std::string_view to_string(WeightLayout v);
 int dtype_bytes(DType v);
 
-struct MoeConfig {
+// Everything the generated code is specialized on: every field reaches codegen and the cache keys,
+// so every rank of a parallel group shares one plan, one source and one binary.
+struct LayerSpec {
   int experts = 8;               // routed experts, global (E)
   int topk = 2;                  // K
   int num_expert_group = 1;      // G
@@ -46,22 +48,54 @@ struct MoeConfig {
   DType router_dtype = DType::BF16;  // router logits: dtype or fp32
   Quant quant = Quant::None;
   int ep_size = 1;
-  int ep_rank = 0;
   int tp_size = 1;
-  int tp_rank = 0;
   int n_shared_experts = 0;      // informational: the caller adds them through `residual`
   WeightLayout weight_layout = WeightLayout::NK;
 
   int local_experts() const { return experts / ep_size; }                 // E_loc
-  int first_local_expert() const { return ep_rank * local_experts(); }    // s
   int64_t local_intermediate() const { return moe_intermediate / tp_size; }  // I of this rank
   int64_t gemm1_rows() const { return gated ? 2 * local_intermediate() : local_intermediate(); }
+
+  bool operator==(const LayerSpec&) const = default;
+};
+
+// Where this process's share of the layer sits in its parallel groups. Run-time arguments only:
+// nothing here reaches codegen or a cache key.
+struct Placement {
+  int ep_rank = 0;
+  int tp_rank = 0;
+
+  bool operator==(const Placement&) const = default;
+};
+
+// s = ep_rank * E_loc: the first of the rank's local experts.
+inline int first_local_expert(const LayerSpec& spec, const Placement& placement) {
+  return placement.ep_rank * spec.local_experts();
+}
+
+// One layer as a user names it (presets, config.json, the C++/C/Python APIs): the compile-time
+// spec and this rank's placement. The planner and codegen see only the spec.
+struct MoeConfig : LayerSpec, Placement {
+  int first_local_expert() const { return moejit::first_local_expert(*this, *this); }
+
+  const LayerSpec& spec() const { return *this; }
+  const Placement& placement() const { return *this; }
 
   bool operator==(const MoeConfig&) const = default;
 };
 
+// The config of `spec` at `placement` (rank 0 of every group by default).
+inline MoeConfig at_placement(const LayerSpec& spec, const Placement& placement = {}) {
+  MoeConfig c;
+  static_cast<LayerSpec&>(c) = spec;
+  static_cast<Placement&>(c) = placement;
+  return c;
+}
+
 // Throws InvalidInput naming the field, the value and the rule for the first violated rule.
 void validate(const MoeConfig& config);
+// The same rules for the spec alone (its placement is rank 0 of every group, always valid).
+void validate(const LayerSpec& spec);
 
 // Every rule violation, in a fixed order; empty when the config is valid.
 std::vector<std::string> validation_errors(const MoeConfig& config);
@@ -83,7 +117,9 @@ MoeConfig preset(std::string_view name);
 nlohmann::json to_json(const MoeConfig& config);
 MoeConfig config_from_json(const nlohmann::json& j);
 
-// One line per field, "name = value", in field_names() order; used in generated-source headers.
+// One line per field, "name = value", in field_names() order.
 std::string describe(const MoeConfig& config);
+// The same without the placement's fields (ep_rank, tp_rank): the generated sources' headers.
+std::string describe(const LayerSpec& spec);
 
 }  // namespace moejit

@@ -1,5 +1,6 @@
 // Plan: which kernels a layer needs, their compile-time parameters, tiles per token bucket and
-// launch rules. A pure, printable value computed from a MoeConfig and a target arch.
+// launch rules. A pure, printable value computed from a LayerSpec and a target arch
+// (planner.h); it holds no rank, device or pointer, so every rank of a group shares it.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,27 @@
 
 namespace moejit {
 
+// SPEC.md's stages, as `moejit dump-source --stage` names them.
 enum class Stage { Routing, Index, Expand, Gemm1, Gemm2, Combine };
 std::string_view to_string(Stage stage);
 // Throws InvalidInput listing the stage names.
 Stage parse_stage(std::string_view name);
 const std::vector<Stage>& all_stages();
+
+// The part a kernel plays in a layer call. The runtime finds and launches kernels by role (and a
+// GEMM by its bucket), never by name.
+enum class KernelRole {
+  Routing,         // stage 1
+  IndexCount,      // stage 2, first kernel: per-block expert counts
+  IndexScatter,    // stage 2, second kernel: offsets, positions, tile schedule
+  RouteIndex,      // stages 1 and 2 in one single-block launch (small batches)
+  QuantizeExpand,  // w8a8 stage 3: gather, smooth, quantize hidden rows
+  QuantizeAct,     // w8a8: re-quantize GEMM 1's output for GEMM 2
+  Gemm1,           // stage 4 with the activation (one kernel per distinct tile)
+  Gemm2,           // stage 5
+  Combine,         // stage 6
+};
+std::string_view to_string(KernelRole role);
 
 // How the runtime derives a kernel's grid from the token count T (block size is `threads`).
 enum class GridRule {
@@ -35,6 +52,7 @@ struct LaunchRule {
   int threads = 0;
   int64_t per_block = 1;  // tokens, pairs or columns per block, as the rule says
   int shared_bytes = 0;   // dynamic shared memory per block
+  int64_t columns = 0;    // N (H for the combine) of the rules that tile columns
 };
 
 // One compile-time constant of a kernel's Spec struct, rendered by codegen as
@@ -47,6 +65,7 @@ struct SpecItem {
 
 struct KernelPlan {
   Stage stage;
+  KernelRole role;
   std::string entry;            // extern "C" name; spells the specialization
   std::string unit;             // the translation unit that holds it
   std::string device_function;  // template in templates/*.cuh, e.g. "moejit::route_tokens"
@@ -58,6 +77,9 @@ struct KernelPlan {
   // The device function calls wait_for_previous_kernel() and allow_next_kernel_launch() itself,
   // after work that needs nothing the previous kernel writes; the entry point then does not.
   bool waits_in_body = false;
+  // The argument is __grid_constant__: the kernel takes the address of a member (a TMA tensor
+  // map), which without the qualifier would be copied to local memory first.
+  bool grid_constant_args = false;
 };
 
 // Which grouped-GEMM template a tile runs on.
@@ -75,114 +97,41 @@ struct TileShape {
   int stages = 0;                      // tensor core and wgmma: cp.async pipeline depth
 };
 
+// "16x32x64 (tensor-core, 6 stages, 1x4 warps)", "128x128x64 (wgmma, 4 stages)" or "16x64x32 (simt)".
+std::string describe(const TileShape& tile);
+
+// The token ranges a plan tiles differently, in token order. Decode, mid and prefill always
+// exist; on sm_90a the prefill range may split into short, wide (192-row tiles) and prefill.
+enum class BucketKind { Decode, Mid, Short, Wide, Prefill };
+std::string_view to_string(BucketKind kind);  // "decode", "mid", "short", "wide", "prefill"
+
 // A range of token counts that shares one GEMM tiling. GEMM 1 and 2 share the row tile height,
 // so one tile schedule (index_scatter's) serves both.
 struct TokenBucket {
-  std::string name;         // "decode", "mid", then "prefill"; on sm_90a maybe "short" and "wide" before it
+  BucketKind kind = BucketKind::Decode;
   int64_t min_tokens = 1;   // inclusive
   int64_t max_tokens = 0;   // inclusive; INT64_MAX for the last bucket
   int64_t tuned_tokens = 0;  // where autotune times the bucket; the planner's tiles follow the rows per
                              // expert at this T, except "short" and "prefill", which keep T=4096's
   TileShape gemm1, gemm2;
   std::string gemm1_entry, gemm2_entry;
+  int gemm1_kernel = -1, gemm2_kernel = -1;  // indices into Plan::kernels
+
+  std::string_view name() const { return to_string(kind); }
 };
 
 struct Plan {
-  MoeConfig config;
+  LayerSpec spec;
   std::string arch;
   std::vector<TokenBucket> buckets;
   std::vector<KernelPlan> kernels;  // in stage order; GEMMs once per distinct tiling
 
   const TokenBucket& bucket_for(int64_t tokens) const;
   const KernelPlan& kernel(std::string_view entry) const;
+  // The index in `kernels` of the one kernel playing `role` (not Gemm1/Gemm2: see TokenBucket);
+  // -1 when the plan has none (the quantize roles without w8a8).
+  int kernel_index(KernelRole role) const;
   std::vector<std::string> unit_names() const;  // in first-use order
 };
-
-// A tile the caller chooses instead of the planner's, for one GEMM of one bucket. Written
-// "<bucket>.<gemm1|gemm2>=tc:<BM>x<BN>x64:s<stages>:w<warps_m>x<warps_n>",
-// "<bucket>.<gemm1|gemm2>=wg:<BM>x<BN>x64:s<stages>" or "<bucket>.<gemm1|gemm2>=simt:<BM>x<BN>x<BK>";
-// BN counts output columns.
-struct TileOverride {
-  std::string bucket;
-  bool gemm1 = true;
-  TileShape tile;
-};
-
-// Parses a comma-separated list of overrides (MOEJIT_TILES); throws InvalidInput naming `source`
-// and the allowed form.
-std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::string_view source = "MOEJIT_TILES");
-
-// "decode.gemm1=tc:16x16x64:s8:w1x2": the MOEJIT_TILES form of one override (parses back to it).
-std::string to_string(const TileOverride& tile);
-
-// Tile pairs (GEMM 1, GEMM 2) worth timing for one bucket of `config`, the planner's own first;
-// every pair fits the config and `arch`, and both GEMMs of a pair share one row tile: the bucket's,
-// or on sm_90a 192 for a 128-row bucket and 128 for a 192-row one. One pair when there is nothing to
-// choose (the SIMT kernels).
-std::vector<std::pair<TileShape, TileShape>> tile_candidates(const MoeConfig& config, const TokenBucket& bucket,
-                                                             const std::string& arch);
-
-// Validates the config (InvalidInput) and plans every kernel. Deterministic. Overrides replace the
-// planner's tiles; an override that names no bucket, does not fit the config, or gives the two
-// GEMMs of a bucket different row tiles is refused (InvalidInput).
-Plan make_plan(const MoeConfig& config, const std::string& arch, const std::vector<TileOverride>& overrides = {});
-
-// The buckets and tiles for a config on `arch`: a closed-form choice, no tuning table.
-std::vector<TokenBucket> plan_buckets(const MoeConfig& config, const std::string& arch);
-
-// Whether `arch` runs the warpgroup-MMA GEMMs (wgmma is sm_90a-specific).
-bool wgmma_arch(const std::string& arch);
-
-// Upper bound of GEMM row tiles for `tokens` tokens with row tile height `bm`:
-// sum_e ceil(count_e / bm) <= ceil(T*K / bm) + E_loc.
-int64_t max_row_tiles(const MoeConfig& config, int64_t tokens, int bm);
-
-constexpr int kPairsPerIndexBlock = 1024;
-// Warps of an index_count / index_scatter block (each scatter warp places a slice of 128 pairs).
-constexpr int kIndexWarps = 8;
-// Every index_scatter block reads the whole count table (index.cuh); this cap keeps those reads
-// linear in T*K. Up to 128 * 1024 pairs each scatter block places one count block's pairs.
-constexpr int64_t kMaxIndexScatterBlocks = 128;
-
-// Up to this many tokens forward() routes and indexes in one single-block launch
-// (route_index.cuh); experts() indexes in one launch whenever T*K <= kPairsPerIndexBlock.
-constexpr int64_t kFusedRouteIndexMaxTokens = 32;
-
-// The workspace of one layer call, a pure function of (config, max_tokens) (DESIGN.md decision 6).
-struct WorkspaceBuffer {
-  std::string name;
-  int64_t offset = 0;
-  int64_t bytes = 0;
-  std::string what;
-};
-
-struct WorkspaceLayout {
-  int64_t max_tokens = 0;
-  int64_t total_bytes = 0;
-  std::vector<WorkspaceBuffer> buffers;
-
-  // Throws Error when the buffer is not part of this layout.
-  const WorkspaceBuffer& at(std::string_view name) const;
-};
-
-// Throws InvalidInput when max_tokens < 0 or the config is invalid.
-WorkspaceLayout plan_workspace(const MoeConfig& config, int64_t max_tokens);
-
-// The same layout as byte offsets, computed without allocating or validating (a layer forward
-// calls it per call). Buffers the config does not use are -1.
-struct WorkspaceOffsets {
-  int64_t topk_weights = -1, topk_ids = -1, block_counts = -1, expert_counts = -1, expert_offsets = -1,
-          sorted_pair = -1, pair_pos = -1, tile_expert = -1, tile_row = -1, num_tiles = -1;
-  int64_t act = -1, y = -1;                                               // unquantized act; y always
-  int64_t a_q = -1, a_scale = -1, act_f32 = -1, act_q = -1, act_scale = -1;  // w8a8
-  int64_t total_bytes = 0;
-};
-WorkspaceOffsets workspace_offsets(const MoeConfig& config, int64_t tokens);
-
-// "16x32x64 (tensor-core, 6 stages, 1x4 warps)", "128x128x64 (wgmma, 4 stages)" or "16x64x32 (simt)".
-std::string describe(const TileShape& tile);
-
-// Human-readable plan (buckets, kernels with launch rules, workspace for max_tokens).
-std::string describe(const Plan& plan, int64_t max_tokens);
 
 }  // namespace moejit

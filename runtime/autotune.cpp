@@ -8,11 +8,11 @@
 
 #include <fmt/format.h>
 
-#include "cache/cache_key.h"
 #include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "common/knobs.h"
-#include "common/version.h"
+#include "compiler/planner.h"
+#include "compiler/tuning_store.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/layer.h"
 
@@ -106,46 +106,10 @@ double time_forward(const Layer& layer, int64_t tokens, const LayerInputs& in, v
 }
 
 std::vector<TileOverride> bucket_overrides(const TokenBucket& b, const std::pair<TileShape, TileShape>& tiles) {
-  return {{b.name, true, tiles.first}, {b.name, false, tiles.second}};
-}
-
-std::string joined(const std::vector<TileOverride>& tiles) {
-  std::string out;
-  for (const auto& t : tiles) out += (out.empty() ? "" : ",") + to_string(t);
-  return out;
+  return {{std::string(b.name()), true, tiles.first}, {std::string(b.name()), false, tiles.second}};
 }
 
 }  // namespace
-
-std::string tuning_key(const MoeConfig& config, const std::string& arch, const std::string& device_name) {
-  MoeConfig shared = config;
-  shared.ep_rank = 0;
-  shared.tp_rank = 0;
-  CacheKeyBuilder key;
-  key.add("kind", "gemm tiles (autotune)");
-  key.add("schema", kCacheSchemaVersion);
-  key.add("generator", kGeneratorVersion);
-  key.add("moejit", kMoejitVersion);
-  key.add("config", to_json(shared).dump());
-  key.add("arch", arch);
-  key.add("device", device_name);
-  return key.digest();
-}
-
-std::optional<std::vector<TileOverride>> load_tuning(const MoeConfig& config, const std::string& arch,
-                                                     const std::string& device_name) {
-  DiskCache* disk = global_cache().disk();
-  if (!disk) return std::nullopt;
-  std::optional<CachedBinary> record = disk->load(arch, tuning_key(config, arch, device_name));
-  if (!record) return std::nullopt;
-  try {
-    std::vector<TileOverride> tiles = parse_tile_overrides(record->source, "stored autotune record");
-    make_plan(config, arch, tiles);  // still a valid plan for this config
-    return tiles;
-  } catch (const InvalidInput&) {
-    return std::nullopt;  // written by another planner: the planner's tiles serve until re-tuned
-  }
-}
 
 TuneReport autotune(const MoeConfig& config, int device) {
   validate(config);
@@ -215,7 +179,7 @@ TuneReport autotune(const MoeConfig& config, int device) {
                             ? time_forward(*layer, b.tuned_tokens, in, out.get(), workspace.get(),
                                            layer->workspace_bytes(b.tuned_tokens))
                             : 0.0;
-      report.timings.push_back({b.name, b.tuned_tokens, joined(options.tiles), ms});
+      report.timings.push_back({std::string(b.name()), b.tuned_tokens, to_string(options.tiles), ms});
       if (ms < best_ms) {
         best_ms = ms;
         best = options.tiles;
@@ -230,16 +194,10 @@ TuneReport autotune(const MoeConfig& config, int device) {
     report.why_not_stored = cache.warning().empty() ? "the disk cache is off (MOEJIT_DISK_CACHE=0)" : cache.warning();
     return report;
   }
-  CachedBinary record;
-  record.arch = report.arch;
-  record.key = report.cache_key;
-  record.source = joined(report.chosen);  // kernel.cu of this entry: the chosen tiles, MOEJIT_TILES form
   nlohmann::json timings = nlohmann::json::array();
   for (const auto& t : report.timings)
     timings.push_back({{"bucket", t.bucket}, {"tokens", t.tokens}, {"tiles", t.tiles}, {"ms", t.ms}});
-  record.meta = {{"kind", "autotune"}, {"device", report.device}, {"config", to_json(config)}, {"timings", timings}};
-  disk->remove(record.arch, record.key);  // a new tuning replaces the old one
-  if (disk->publish(record, &report.why_not_stored)) {
+  if (store_tuning(*disk, config, report.arch, report.device, report.chosen, timings, &report.why_not_stored)) {
     report.stored_in = disk->root();
     report.why_not_stored.clear();
   }

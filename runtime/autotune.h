@@ -1,8 +1,9 @@
 // Autotune: at model load (`moejit compile --autotune`), time the planner's GEMM tiles and a few
 // alternatives (tile_candidates) per token bucket on the device, keep the fastest, and store the
-// choice in the kernel cache, keyed by config, arch, device name and generator. Layer::create then
-// uses the stored tiles for that config and device; the planner's closed-form tiles stay the
-// default everywhere else.
+// choice in the tuning store (compiler/tuning_store.h), keyed by spec, arch, device name and
+// generator. Layer::create then uses the stored tiles for that spec and device; the planner's
+// closed-form tiles stay the default everywhere else. Autotune sits above the layer: it creates
+// and times layers; nothing below it calls it.
 #pragma once
 
 #include <optional>
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "compiler/moe_config.h"
-#include "compiler/plan.h"
+#include "compiler/tiles.h"
 
 namespace moejit {
 
@@ -36,14 +37,5 @@ struct TuneReport {
 // stores the winners. Weights hold a constant and router logits are random, so the routing is
 // spread over the experts as in a real model; the values do not change the timing.
 TuneReport autotune(const MoeConfig& config, int device = 0);
-
-// The key of a tuning record: config (ranks left out: every rank shares the result), arch, device
-// name, generator and moejit versions.
-std::string tuning_key(const MoeConfig& config, const std::string& arch, const std::string& device_name);
-
-// The stored choice for (config, arch, device), or nullopt (none, unreadable, or not matching this
-// plan any more, e.g. after a planner change).
-std::optional<std::vector<TileOverride>> load_tuning(const MoeConfig& config, const std::string& arch,
-                                                     const std::string& device_name);
 
 }  // namespace moejit

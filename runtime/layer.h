@@ -12,25 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "compiler/layer_call.h"
 #include "compiler/moe_config.h"
 #include "compiler/plan.h"
+#include "compiler/tiles.h"
 
 namespace moejit {
 
-// Device pointers of one layer call. Shapes follow SPEC.md (T tokens; E_loc = experts / ep_size;
-// I = moe_intermediate / tp_size; N1 = 2I when gated, else I):
-struct LayerInputs {
-  const void* hidden = nullptr;          // [T, H] dtype
-  const void* router_logits = nullptr;   // [T, E] router_dtype
-  const void* w13 = nullptr;             // [E_loc, N1, H] (layout nk) or [E_loc, H, N1] (kn); int8 for w8a8
-  const void* w2 = nullptr;              // [E_loc, H, I] (nk) or [E_loc, I, H] (kn); int8 for w8a8
-  const float* e_score_correction_bias = nullptr;  // [E]; required for topk_method noaux_tc
-  const float* w13_scale = nullptr;      // [E_loc, N1]; w8a8
-  const float* w2_scale = nullptr;       // [E_loc, H]; w8a8
-  const float* input_smooth = nullptr;   // [E, H]; w8a8
-  const float* act_smooth = nullptr;     // [E_loc, I]; w8a8
-  const void* residual = nullptr;        // [T, H] dtype, optional (shared experts' output)
-};
+// LayerInputs (the device pointers of one call, SPEC.md's shapes) is in compiler/layer_call.h.
 
 struct LayerOptions {
   std::string arch;      // empty: the current device's
@@ -42,16 +31,19 @@ struct LayerOptions {
 
 class Layer {
  public:
-  // Validates the config (InvalidInput), compiles or loads every kernel (cache), and loads the
-  // modules into the current context (creating device's primary context if none is current).
-  // Throws Error when there is no usable GPU, or when called while a stream on this thread's
-  // context is being captured ("warm up before graph capture").
+  // Validates the config (InvalidInput) and picks the device's backend (runtime/backend_select.h:
+  // the JIT, or ixformer on Iluvatar devices). The JIT compiles or loads every kernel (cache) for
+  // the config's spec, and loads the modules into the current context (creating device's primary
+  // context if none is current). Throws Error when there is no usable GPU, when the device's
+  // backend is not in this process, or when called while a stream on this thread's context is
+  // being captured ("warm up before graph capture").
   static std::unique_ptr<Layer> create(const MoeConfig& config, const LayerOptions& options = {});
 
   virtual ~Layer() = default;
 
-  const MoeConfig& config() const { return plan().config; }
-  virtual const Plan& plan() const = 0;
+  virtual const MoeConfig& config() const = 0;
+  // The JIT's plan (kernels, buckets, arch); null for a backend that plans no kernels (ixformer).
+  virtual const Plan* plan() const = 0;
 
   // Workspace a forward of up to max_tokens tokens needs; monotonic in max_tokens.
   size_t workspace_bytes(int64_t max_tokens) const;
@@ -77,7 +69,8 @@ class Layer {
   virtual void experts(void* stream, int64_t tokens, const int* topk_ids, const float* topk_weights,
                        const LayerInputs& inputs, void* output, void* workspace, size_t workspace_size) const = 0;
 
-  // Number of kernel launches forward makes for `tokens` tokens.
+  // Number of kernel launches forward makes for `tokens` tokens (the JIT's; 0 for a backend that
+  // does not launch moejit kernels).
   virtual int launches(int64_t tokens) const = 0;
 };
 

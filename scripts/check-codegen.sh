@@ -9,7 +9,8 @@
 #
 # The base revision is built once in its own worktree under ${TMPDIR:-/tmp}/moejit-codegen-base,
 # and its dumps are kept there per revision, so a second check against the same base only
-# dumps the working tree. The working tree is built into build/ (BUILD_DIR overrides).
+# dumps the working tree. The working tree's `moejit` target is built in build/ (BUILD_DIR
+# overrides).
 # Exit 0: identical; 1: a difference (the first lines of each diff are printed); 2: usage.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,8 +35,12 @@ if [ ! -x "$base_build/moejit" ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build "$base_build" --target moejit -j "$jobs" >/dev/null
 fi
-"$root/scripts/build.sh" >/dev/null
-head_bin="${BUILD_DIR:-$root/build}/moejit"
+head_build="${BUILD_DIR:-$root/build}"
+if [ ! -f "$head_build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$head_build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+fi
+cmake --build "$head_build" --target moejit -j "$jobs" >/dev/null
+head_bin="$head_build/moejit"
 
 # The cases: one line each, the dump-source arguments after --preset.
 cases=()

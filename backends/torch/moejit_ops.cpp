@@ -252,8 +252,8 @@ std::string compile_cuda(const std::string& config_json, int64_t device_index) {
   at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
   if (ilu::use_ixformer(device)) return ilu::compile_summary(entry.config);
   const Layer& layer = layer_for(entry, device);
-  nlohmann::json summary = {{"kernels", layer.plan().kernels.size()}, {"units", layer.plan().unit_names()},
-                            {"arch", layer.plan().arch}};
+  const Plan& plan = *layer.plan();  // a JIT layer: the ixformer devices returned above
+  nlohmann::json summary = {{"kernels", plan.kernels.size()}, {"units", plan.unit_names()}, {"arch", plan.arch}};
   return summary.dump();
 }
 

@@ -10,7 +10,8 @@
 #include "common/knobs.h"
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
-#include "compiler/plan.h"
+#include "compiler/planner.h"
+#include "compiler/workspace.h"
 
 namespace moejit {
 namespace {
@@ -90,8 +91,8 @@ TEST(Nvrtc, EveryTileCandidateCompilesLean) {
       const auto candidates = tile_candidates(c, b, "sm_90a");
       for (size_t i = 1; i < candidates.size(); ++i) {  // [0] is the planner's, compiled above
         const auto& [g1, g2] = candidates[i];
-        SCOPED_TRACE(describe(c) + " " + b.name + " " + describe(g1) + " / " + describe(g2));
-        const Plan plan = make_plan(c, "sm_90a", {{b.name, true, g1}, {b.name, false, g2}});
+        SCOPED_TRACE(describe(c) + " " + std::string(b.name()) + " " + describe(g1) + " / " + describe(g2));
+        const Plan plan = make_plan(c, "sm_90a", {{std::string(b.name()), true, g1}, {std::string(b.name()), false, g2}});
         for (const auto& unit : generate(plan).units) {
           if (unit.name != "experts") continue;
           CompiledUnit compiled;

@@ -8,7 +8,9 @@
 
 #include "compiler/codegen.h"
 #include "common/error.h"
-#include "compiler/plan.h"
+#include "compiler/planner.h"
+#include "compiler/families/grouped_gemm.h"
+#include "compiler/workspace.h"
 
 namespace moejit {
 namespace {
@@ -84,28 +86,28 @@ TEST(Planner, BucketsCoverEveryTokenCountInOrder) {
       int64_t next = 1;
       std::set<std::string> names;
       for (const auto& b : plan.buckets) {
-        EXPECT_EQ(b.min_tokens, next) << name << " " << b.name;
-        EXPECT_GE(b.max_tokens, b.min_tokens) << name << " " << b.name;
-        EXPECT_TRUE(b.tuned_tokens >= b.min_tokens && b.tuned_tokens <= b.max_tokens) << name << " " << b.name;
-        EXPECT_TRUE(names.insert(b.name).second) << name << " " << b.name;
+        EXPECT_EQ(b.min_tokens, next) << name << " " << b.name();
+        EXPECT_GE(b.max_tokens, b.min_tokens) << name << " " << b.name();
+        EXPECT_TRUE(b.tuned_tokens >= b.min_tokens && b.tuned_tokens <= b.max_tokens) << name << " " << b.name();
+        EXPECT_TRUE(names.insert(std::string(b.name())).second) << name << " " << b.name();
         next = b.max_tokens == std::numeric_limits<int64_t>::max() ? -1 : b.max_tokens + 1;
       }
       EXPECT_EQ(next, -1) << name << ": the last bucket is open-ended";
-      EXPECT_EQ(plan.bucket_for(32).name, "decode");
-      EXPECT_EQ(plan.bucket_for(33).name, "mid");
-      EXPECT_EQ(plan.bucket_for(512).name, "mid");
-      EXPECT_EQ(plan.bucket_for(int64_t{1} << 40).name, "prefill");
+      EXPECT_EQ(plan.bucket_for(32).name(), "decode");
+      EXPECT_EQ(plan.bucket_for(33).name(), "mid");
+      EXPECT_EQ(plan.bucket_for(512).name(), "mid");
+      EXPECT_EQ(plan.bucket_for(int64_t{1} << 40).name(), "prefill");
     }
   Plan plan = make_plan(preset("mixtral-8x7b"), "sm_90a");
   ASSERT_EQ(plan.buckets.size(), 4u);
-  EXPECT_EQ(plan.bucket_for(1).name, "decode");
-  EXPECT_EQ(plan.bucket_for(32).name, "decode");
-  EXPECT_EQ(plan.bucket_for(33).name, "mid");
-  EXPECT_EQ(plan.bucket_for(512).name, "mid");
-  EXPECT_EQ(plan.bucket_for(513).name, "wide");
-  EXPECT_EQ(plan.bucket_for(664).name, "wide");
-  EXPECT_EQ(plan.bucket_for(665).name, "prefill");
-  EXPECT_EQ(plan.bucket_for(int64_t{1} << 40).name, "prefill");
+  EXPECT_EQ(plan.bucket_for(1).name(), "decode");
+  EXPECT_EQ(plan.bucket_for(32).name(), "decode");
+  EXPECT_EQ(plan.bucket_for(33).name(), "mid");
+  EXPECT_EQ(plan.bucket_for(512).name(), "mid");
+  EXPECT_EQ(plan.bucket_for(513).name(), "wide");
+  EXPECT_EQ(plan.bucket_for(664).name(), "wide");
+  EXPECT_EQ(plan.bucket_for(665).name(), "prefill");
+  EXPECT_EQ(plan.bucket_for(int64_t{1} << 40).name(), "prefill");
   EXPECT_EQ(make_plan(preset("mixtral-8x7b"), "sm_80").buckets.size(), 3u);  // 192-row tiles are wgmma's
   for (const auto& b : plan.buckets) {
     EXPECT_EQ(b.gemm1.bm, b.gemm2.bm) << "one tile schedule serves both GEMMs";
@@ -246,16 +248,17 @@ TEST(Planner, WideBucketHoldsTheRowBand) {
         const double r = static_cast<double>(T) * c.topk / c.local_experts();
         const bool band = r + 0.5 * std::sqrt(r) > 128 && r + 2 * std::sqrt(r) <= 192;
         const TokenBucket& b = plan.bucket_for(T);
-        EXPECT_EQ(b.name == "wide", band) << name << " ep " << ep_size << " T=" << T;
+        EXPECT_EQ(b.name() == "wide", band) << name << " ep " << ep_size << " T=" << T;
         EXPECT_EQ(b.gemm1.bm, band ? 192 : 128) << name << " ep " << ep_size << " T=" << T;
       }
     }
   const Plan deepseek = make_plan(preset("deepseek-v3"), "sm_90a");  // T=4096: 128 rows per expert
   ASSERT_EQ(deepseek.buckets.size(), 5u);
-  EXPECT_EQ(deepseek.buckets[2].name, "short");
+  EXPECT_EQ(deepseek.buckets[2].name(), "short");
   EXPECT_EQ(deepseek.buckets[2].max_tokens, 3918);
   const TokenBucket& wide = deepseek.bucket_for(4096);
-  EXPECT_EQ(wide.name, "wide");
+  EXPECT_EQ(wide.name(), "wide");
+  EXPECT_EQ(wide.kind, BucketKind::Wide);
   EXPECT_EQ(wide.min_tokens, 3919);
   EXPECT_EQ(wide.max_tokens, 5318);
   EXPECT_EQ(wide.tuned_tokens, 4096);

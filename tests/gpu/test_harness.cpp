@@ -14,7 +14,8 @@
 #include <random>
 #include <set>
 
-#include "compiler/plan.h"
+#include "compiler/planner.h"
+#include "compiler/workspace.h"
 #include "harness.h"
 #include "test_cases.h"
 

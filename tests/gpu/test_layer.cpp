@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cache/kernel_cache.h"
+#include "compiler/families/grouped_gemm.h"
 #include "compiler/layer_compiler.h"
 #include "harness.h"
 #include "runtime/autotune.h"
@@ -79,7 +80,7 @@ TEST(TileCandidates, EveryCandidateMatchesTheReference) {
       const int64_t T = std::min<int64_t>(bucket.max_tokens, bucket.min_tokens + 37);
       for (const auto& [gemm1, gemm2] : tile_candidates(c, bucket, default_arch())) {
         LayerOptions options;
-        options.tiles = {{bucket.name, true, gemm1}, {bucket.name, false, gemm2}};
+        options.tiles = {{std::string(bucket.name()), true, gemm1}, {std::string(bucket.name()), false, gemm2}};
         auto layer = Layer::create(c, options);
         Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce());
         EXPECT_TRUE(run_and_check(*layer, p)) << short_config(c) << " T=" << T << " gemm1 " << describe(gemm1)
@@ -111,10 +112,10 @@ TEST(Autotune, StoresTheFastestTilesAndCreateUsesThem) {
 
   auto layer = Layer::create(c);
   for (const TileOverride& o : report.chosen) {
-    auto named = std::find_if(buckets.begin(), buckets.end(), [&](const auto& x) { return x.name == o.bucket; });
+    auto named = std::find_if(buckets.begin(), buckets.end(), [&](const auto& x) { return x.name() == o.bucket; });
     ASSERT_NE(named, buckets.end()) << o.bucket;
-    const TokenBucket& b = layer->plan().bucket_for(named->min_tokens);
-    ASSERT_EQ(b.name, o.bucket);
+    const TokenBucket& b = layer->plan()->bucket_for(named->min_tokens);
+    ASSERT_EQ(b.name(), o.bucket);
     EXPECT_EQ(describe(o.gemm1 ? b.gemm1 : b.gemm2), describe(o.tile)) << to_string(o);
   }
   Seeds seeds;

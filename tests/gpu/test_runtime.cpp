@@ -343,7 +343,7 @@ TEST_P(CudaGraph, ReplayWithNewInputsMatchesEagerBitwise) {
   CUDA_CHECK(cudaGraphGetEdges(g.graph, from.data(), to.data(), edge_data.data(), &edges));
   int programmatic = 0;
   for (const cudaGraphEdgeData& e : edge_data) programmatic += e.type == cudaGraphDependencyTypeProgrammatic;
-  const bool overlap = knobs().programmatic_launch && std::atoi(layer->plan().arch.c_str() + 3) >= 90;
+  const bool overlap = knobs().programmatic_launch && std::atoi(layer->plan()->arch.c_str() + 3) >= 90;
   EXPECT_EQ(programmatic, overlap ? kernels - 1 : 0) << edges << " edges in the graph";
   CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
 

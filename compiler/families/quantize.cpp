@@ -1,0 +1,70 @@
+#include "compiler/families/quantize.h"
+
+#include <fmt/format.h>
+
+#include "compiler/families/spec_text.h"
+
+namespace moejit {
+namespace {
+
+constexpr int kQuantizeThreads = 256;
+
+}  // namespace
+
+std::vector<KernelPlan> quantize_kernels(const LayerSpec& c) {
+  std::vector<KernelPlan> out;
+  auto make = [&](bool expand) {
+    KernelPlan k;
+    k.stage = expand ? Stage::Expand : Stage::Gemm1;
+    k.role = expand ? KernelRole::QuantizeExpand : KernelRole::QuantizeAct;
+    const int64_t cols = expand ? c.hidden : c.local_intermediate();
+    k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}_e{}_{}", cols, c.topk, c.local_experts(),
+                                   to_string(c.dtype))
+                     : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.local_experts());
+    k.unit = "quantize";
+    k.device_function = "moejit::quantize_rows";
+    k.args_type = "moejit::QuantizeArgs";
+    k.header = "moejit/quantize.cuh";
+    k.spec = {
+        {"using", "Src", expand ? spec_text::device_type(c.dtype) : "float"},
+        {"int", "kCols", std::to_string(cols)},
+        {"int", "kThreads", std::to_string(kQuantizeThreads)},
+        {"int", "kTopk", std::to_string(c.topk)},
+        {"int", "kLocalExperts", std::to_string(c.local_experts())},
+        {"bool", "kGather", spec_text::boolean(expand)},
+    };
+    k.launch = {GridRule::SortedRows, kQuantizeThreads, 1};
+    return k;
+  };
+  out.push_back(make(true));
+  out.push_back(make(false));
+  return out;
+}
+
+QuantizeArgs quantize_expand_args(const CallContext& x) {
+  const CallBuffers& b = x.buffers;
+  const WorkspaceOffsets& o = b.offsets;
+  return QuantizeArgs{b.in.hidden,
+                      b.at<int>(o.sorted_pair),
+                      b.topk_ids,
+                      b.at<int>(o.expert_offsets),
+                      first_local_expert(x.spec, x.placement),
+                      b.in.input_smooth,
+                      b.at<signed char>(o.a_q),
+                      b.at<float>(o.a_scale)};
+}
+
+QuantizeArgs quantize_act_args(const CallContext& x) {
+  const CallBuffers& b = x.buffers;
+  const WorkspaceOffsets& o = b.offsets;
+  return QuantizeArgs{b.at<char>(o.act_f32),
+                      b.at<int>(o.sorted_pair),
+                      b.topk_ids,
+                      b.at<int>(o.expert_offsets),
+                      first_local_expert(x.spec, x.placement),
+                      nullptr,
+                      b.at<signed char>(o.act_q),
+                      b.at<float>(o.act_scale)};
+}
+
+}  // namespace moejit

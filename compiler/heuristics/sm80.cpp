@@ -1,0 +1,42 @@
+// Every tensor-core arch without wgmma (sm_80 and the others NVRTC builds for): mma.sync tiles;
+// and the SIMT tiles any spec the tensor-core GEMMs cannot take runs on.
+#include "compiler/heuristics/heuristics.h"
+
+namespace moejit::heuristics {
+
+// Decode-sized tiles (bm 16, 32) keep few weight rows per block so that even a handful of active
+// experts spread over every SM, and pipeline deeper so that each SM keeps enough weight bytes in
+// flight to stream at HBM speed; in the decode bucket itself (a few rows per expert) the narrowest,
+// deepest one. Prefill-sized tiles take many weight rows for operand reuse: at bm 128 a 64x64 warp
+// tile (128 fp32 accumulators, 232 registers, no spills). Every shape gives each warp an even
+// number of 8-column fragments.
+// Measured on the H200 (bench/RESULTS.md, tile sweep): at T=4096 the 128 x 256-row tile beat
+// 128 x 128 rows by 11-12%; in decode the 32-row, 8-stage tile matched or beat 64 rows by up to 5%.
+TileShape tensor_core_tile(const LayerSpec& c, int bm, bool gemm1, bool decode_bucket) {
+  TileShape t;
+  t.kernel = GemmKernel::TensorCore;
+  t.bm = bm;
+  t.bk = 64;
+  int weight_rows = 0;
+  if (bm == 16 && decode_bucket) {
+    t.warps_m = 1, t.warps_n = 2, t.stages = 8, weight_rows = 32;
+  } else if (bm == 16) {
+    t.warps_m = 1, t.warps_n = 4, t.stages = 6, weight_rows = 64;
+  } else if (bm == 32) {
+    t.warps_m = 2, t.warps_n = 2, t.stages = 5, weight_rows = 64;
+  } else if (bm == 64) {
+    t.warps_m = 2, t.warps_n = 2, t.stages = 4, weight_rows = 128;
+  } else {
+    t.warps_m = 2, t.warps_n = 4, t.stages = 3, weight_rows = 256;
+  }
+  t.bn = (gemm1 && c.gated) ? weight_rows / 2 : weight_rows;
+  return t;
+}
+
+// Gated GEMM 1 keeps two accumulator sets, so it takes the narrower column tile.
+void simt_tiles(int bm, TokenBucket& b) {
+  b.gemm1 = {GemmKernel::Simt, bm, 64, bm <= 32 ? 32 : 16};
+  b.gemm2 = {GemmKernel::Simt, bm, bm >= 64 ? 128 : 64, bm <= 32 ? 32 : 16};
+}
+
+}  // namespace moejit::heuristics

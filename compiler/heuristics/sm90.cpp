@@ -1,0 +1,71 @@
+// sm_90a (H100, H200): the warpgroup-MMA tiles and the "wide" bucket of 192-row tiles.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "compiler/families/grouped_gemm.h"
+#include "compiler/heuristics/heuristics.h"
+
+namespace moejit::heuristics {
+
+// With uniform routing an expert's rows at T tokens are about Poisson(r = T*K/E_loc). 128-row tiles
+// give an expert past 128 rows a second tile of a few rows that streams its whole weight slice again;
+// one 192-row tile holds it while nearly every expert stays within 192 (r + 2 sqrt r <= 192). Measured
+// on the H200 (bench/RESULTS.md, 2026-12-01), 192 x 192 against 128 x 256: at r = 128 (half the
+// experts spill) -10% for DeepSeek-V3 T=4096 and -6.5% for Qwen3-30B-A3B T=2048, at r = 150 (all
+// spill) -13% for Mixtral T=600; where neither height saves a tile +2..+8% (DeepSeek-V3 T = 600..2048
+// and 8192, Qwen3 T = 600..1536 and 4096, Mixtral T=1024 and 4096), +30% at Mixtral T=900 (r = 225:
+// two tiles either way and 4/3 the column tiles); Mixtral T=1536 and 2048 (r = 384, 512) 0 and -5%,
+// left on 128 rows. At the low edge (bench/sweeps/band_edge.txt, Qwen3 two rounds each) 192 rows lose
+// 6.9% at r = 110, 4.1% at r = 116 and 0.7% at r = 122; so the band starts where about 30% of the
+// experts spill past 128, r + 0.5 sqrt r > 128 (r > 122.5). The band is an interval: rows grow with T.
+std::pair<int64_t, int64_t> wide_row_band(const LayerSpec& c, int64_t from) {
+  auto rows = [&](int64_t t) { return static_cast<double>(t) * c.topk / c.local_experts(); };
+  // The first T in [lo, hi] where `passes` holds (it holds for every T after it), else hi + 1.
+  auto first_where = [](int64_t lo, int64_t hi, auto passes) {
+    while (lo <= hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (passes(mid)) hi = mid - 1; else lo = mid + 1;
+    }
+    return lo;
+  };
+  // 193 rows per expert pass 192 already, so the band ends below this T.
+  const int64_t beyond = 193 * static_cast<int64_t>(c.local_experts()) / c.topk + 1;
+  const int64_t first = first_where(from, beyond, [&](int64_t t) { return rows(t) + 0.5 * std::sqrt(rows(t)) > 128; });
+  const int64_t last = first_where(from, beyond, [&](int64_t t) { return rows(t) + 2 * std::sqrt(rows(t)) > 192; }) - 1;
+  if (first > last) return {0, -1};
+  return {first, last};
+}
+
+// The prefill range splits around the band of T that takes 192-row tiles: "short" below it,
+// "wide" in it, "prefill" above it. "short" and "prefill" keep the prefill range's 128-row tiles
+// (chosen at T=4096); each bucket is autotuned at a T inside it.
+std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& c) {
+  constexpr int64_t kLast = std::numeric_limits<int64_t>::max();
+  const auto [first, last] = wide_row_band(c, 513);
+  if (row_tile_height(c, kPrefillTokens) != 128 || first > last) return {};
+  std::vector<BucketRange> ranges;
+  if (first > 513)
+    ranges.push_back({BucketKind::Short, 513, first - 1, std::clamp<int64_t>(kPrefillTokens / 4, 513, first - 1),
+                      kPrefillTokens});
+  const int64_t rows_128 = 128 * static_cast<int64_t>(c.local_experts()) / c.topk;  // the T of 128 rows per expert
+  const int64_t wide_tuned = std::clamp(rows_128, first, last);
+  ranges.push_back({BucketKind::Wide, first, last, wide_tuned, wide_tuned, true});
+  ranges.push_back({BucketKind::Prefill, last + 1, kLast, std::max(kPrefillTokens, (last + 1) * 3 / 2), kPrefillTokens});
+  return ranges;
+}
+
+// Row tiles of 64 and 128 on Hopper: warpgroup MMA, 256 weight rows, 4 stages (162 and 194 KiB).
+// Measured on the H200 (bench/RESULTS.md): Mixtral T=4096 8.7 -> 5.2 ms against the best mma.sync
+// tile, T=256 0.98 -> 0.83 ms. The "wide" bucket: 192 x 192, 4 stages (195 KiB).
+void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
+  if (wide) {
+    b.gemm1 = wgmma_tile(192, c.gated ? 96 : 192, 4);
+    b.gemm2 = wgmma_tile(192, 192, 4);
+  } else {
+    b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
+    b.gemm2 = wgmma_tile(bm, 256, 4);
+  }
+}
+
+}  // namespace moejit::heuristics

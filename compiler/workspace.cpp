@@ -1,0 +1,80 @@
+#include "compiler/workspace.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "compiler/families/grouped_gemm.h"
+#include "compiler/families/index.h"
+
+namespace moejit {
+namespace {
+
+constexpr int64_t kWorkspaceAlign = 256;
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// The one list of workspace buffers: calls add(name, bytes, what, member) in layout order.
+template <typename Add>
+void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
+  const int64_t pairs = tokens * c.topk;
+  const int64_t e_loc = c.local_experts();
+  const int64_t inter = c.local_intermediate();
+  const int64_t elem = dtype_bytes(c.dtype);
+  // Sized for the shortest row tile any plan may use (16, also with MOEJIT_TILES), so the layout
+  // stays a function of (spec, tokens) alone.
+  const int64_t tiles = max_row_tiles(c, tokens, kMinRowTile);
+  const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
+  using W = WorkspaceOffsets;
+  add("topk_weights", pairs * 4, "[T, K] fp32", &W::topk_weights);
+  add("topk_ids", pairs * 4, "[T, K] int32", &W::topk_ids);
+  add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K/1024), E_loc] int32", &W::block_counts);
+  add("expert_counts", e_loc * 4, "[E_loc] int32", &W::expert_counts);
+  add("expert_offsets", (e_loc + 1) * 4, "[E_loc + 1] int32", &W::expert_offsets);
+  add("sorted_pair", pairs * 4, "[T*K] int32", &W::sorted_pair);
+  add("pair_pos", pairs * 4, "[T*K] int32", &W::pair_pos);
+  add("tile_expert", tiles * 4, "[max_row_tiles] int32", &W::tile_expert);
+  add("tile_row", tiles * 4, "[max_row_tiles] int32", &W::tile_row);
+  add("num_tiles", 4, "[1] int32", &W::num_tiles);
+  if (c.quant == Quant::W8A8Int8) {
+    add("a_q", pairs * c.hidden, "[T*K, H] int8", &W::a_q);
+    add("a_scale", pairs * 4, "[T*K] fp32", &W::a_scale);
+    add("act_f32", pairs * inter * 4, "[T*K, I] fp32", &W::act_f32);
+    add("act_q", pairs * inter, "[T*K, I] int8", &W::act_q);
+    add("act_scale", pairs * 4, "[T*K] fp32", &W::act_scale);
+  } else {
+    add("act", pairs * inter * elem, "[T*K, I] model dtype", &W::act);
+  }
+  add("y", pairs * c.hidden * elem, "[T*K, H] model dtype", &W::y);
+}
+
+}  // namespace
+
+const WorkspaceBuffer& WorkspaceLayout::at(std::string_view name) const {
+  for (const auto& b : buffers)
+    if (b.name == name) return b;
+  throw Error(fmt::format("moejit internal error: the workspace has no buffer named {}", name));
+}
+
+WorkspaceOffsets workspace_offsets(const LayerSpec& c, int64_t tokens) {
+  WorkspaceOffsets offsets;
+  visit_workspace(c, tokens, [&](const char*, int64_t bytes, const char*, int64_t WorkspaceOffsets::*member) {
+    offsets.*member = offsets.total_bytes;
+    offsets.total_bytes = align_up(offsets.total_bytes + bytes, kWorkspaceAlign);
+  });
+  return offsets;
+}
+
+WorkspaceLayout plan_workspace(const LayerSpec& c, int64_t max_tokens) {
+  validate(c);
+  if (max_tokens < 0)
+    throw InvalidInput(fmt::format("max_tokens: {} is out of range; allowed >= 0", max_tokens));
+  WorkspaceLayout layout;
+  layout.max_tokens = max_tokens;
+  visit_workspace(c, max_tokens, [&](const char* name, int64_t bytes, const char* what, auto) {
+    layout.buffers.push_back({name, layout.total_bytes, bytes, what});
+    layout.total_bytes = align_up(layout.total_bytes + bytes, kWorkspaceAlign);
+  });
+  return layout;
+}
+
+}  // namespace moejit

@@ -1,0 +1,55 @@
+#include "runtime/layer_checks.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace moejit {
+namespace {
+
+bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+
+}  // namespace
+
+void check_pointer(const void* p, const char* name, size_t alignment) {
+  if (!p) throw InvalidInput(fmt::format("{}: null pointer; this layer needs it", name));
+  if (!aligned(p, alignment)) throw InvalidInput(fmt::format("{}: pointer {} is not {}-byte aligned", name, p, alignment));
+}
+
+void check_tokens(const LayerSpec& c, int64_t tokens) {
+  if (tokens < 0 || tokens * c.topk >= (int64_t{1} << 31))
+    throw InvalidInput(fmt::format("tokens: {} is out of range; allowed 0..{} for topk {}", tokens,
+                                   ((int64_t{1} << 31) - 1) / c.topk, c.topk));
+}
+
+void check_routing_arguments(const LayerSpec& c, int64_t tokens, const void* logits, const float* bias) {
+  check_tokens(c, tokens);
+  check_pointer(logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
+  if (c.topk_method == TopkMethod::NoauxTc) check_pointer(bias, "e_score_correction_bias", 4);
+}
+
+WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, const LayerInputs& in,
+                                        const void* output, const void* workspace, size_t workspace_size) {
+  check_tokens(c, tokens);
+  check_pointer(in.hidden, "hidden", 16);
+  check_pointer(in.w13, "w13", 16);
+  check_pointer(in.w2, "w2", 16);
+  check_pointer(output, "output", 16);
+  if (c.quant == Quant::W8A8Int8) {
+    check_pointer(in.w13_scale, "w13_scale", 4);
+    check_pointer(in.w2_scale, "w2_scale", 4);
+    check_pointer(in.input_smooth, "input_smooth", 4);
+    check_pointer(in.act_smooth, "act_smooth", 4);
+  }
+  if (in.residual && !aligned(in.residual, 16))
+    throw InvalidInput(fmt::format("residual: pointer {} is not 16-byte aligned", in.residual));
+  if (tokens == 0) return {};
+  const WorkspaceOffsets offsets = workspace_offsets(c, tokens);
+  check_pointer(workspace, "workspace", 256);
+  if (static_cast<int64_t>(workspace_size) < offsets.total_bytes)
+    throw InvalidInput(fmt::format("workspace: {} bytes is too small; {} tokens need {} bytes (workspace_bytes())",
+                                   workspace_size, tokens, offsets.total_bytes));
+  return offsets;
+}
+
+}  // namespace moejit

@@ -1,0 +1,27 @@
+// The argument checks every backend's layer call makes before any launch (runtime/layer.h states
+// them): token range, null and misaligned pointers, workspace size. Each throws InvalidInput
+// naming the argument.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "compiler/layer_call.h"
+
+namespace moejit {
+
+// `p` is non-null and `alignment`-byte aligned.
+void check_pointer(const void* p, const char* name, size_t alignment);
+
+// 0 <= tokens and tokens * topk < 2^31.
+void check_tokens(const LayerSpec& spec, int64_t tokens);
+
+// Stage 1's inputs: the logits (element-aligned) and, for noaux_tc, the correction bias.
+void check_routing_arguments(const LayerSpec& spec, int64_t tokens, const void* logits, const float* bias);
+
+// Stages 2-6's inputs, output and workspace. Returns the workspace layout for `tokens` (which the
+// size check computes anyway; empty for tokens == 0).
+WorkspaceOffsets check_expert_arguments(const LayerSpec& spec, int64_t tokens, const LayerInputs& in,
+                                        const void* output, const void* workspace, size_t workspace_size);
+
+}  // namespace moejit
