@@ -274,20 +274,18 @@ bool has_moe_keys(const json& j) {
   return false;
 }
 
-// transformers' ACT2FN names for the activations moejit implements. "swish" is ACT2FN's alias
-// of nn.SiLU; gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh approximation.
 void map_activation(const Keys& k, MoeConfig& c) {
   std::string act = k.string("hidden_act", "silu");  // every supported config class defaults to silu
-  if (act == "silu" || act == "swish")
-    c.activation = Activation::Silu;
-  else if (act == "gelu")
-    c.activation = Activation::Gelu;
-  else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast")
-    c.activation = Activation::GeluTanh;
-  else
-    k.fail(fmt::format("key '{}' is '{}', which moejit does not implement; allowed values: silu, "
-                       "swish, gelu, gelu_pytorch_tanh, gelu_new, gelu_fast",
-                       k.path("hidden_act"), act));
+  for (const auto& [name, activation] : hf_activations()) {
+    if (act == name) {
+      c.activation = activation;
+      return;
+    }
+  }
+  std::vector<std::string_view> names;
+  for (const auto& entry : hf_activations()) names.push_back(entry.first);
+  k.fail(fmt::format("key '{}' is '{}', which moejit does not implement; allowed values: {}", k.path("hidden_act"),
+                     act, fmt::join(names, ", ")));
 }
 
 // transformers >= 4.56 saves "dtype"; older versions saved "torch_dtype". Without either, the
@@ -333,6 +331,17 @@ void map_quant(const Keys& k, const json& obj, MoeConfig& c) {
 }
 
 }  // namespace
+
+// "swish" is ACT2FN's alias of nn.SiLU; gelu_new and gelu_fast are the tanh approximation written out
+// by hand, the same function as gelu_pytorch_tanh.
+const std::vector<std::pair<std::string_view, Activation>>& hf_activations() {
+  static const std::vector<std::pair<std::string_view, Activation>> table = {
+      {"silu", Activation::Silu},          {"swish", Activation::Silu},
+      {"gelu", Activation::Gelu},          {"gelu_pytorch_tanh", Activation::GeluTanh},
+      {"gelu_new", Activation::GeluTanh},  {"gelu_fast", Activation::GeluTanh},
+  };
+  return table;
+}
 
 MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
   if (!j.is_object())

@@ -4,6 +4,9 @@
 
 #include <map>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -15,6 +18,11 @@ namespace moejit {
 // A field named here is not read from the file, so `--quant none` reads a checkpoint whose
 // quantization moejit refuses.
 using FieldOverrides = std::map<std::string, std::string>;
+
+// Hugging Face `hidden_act` names (transformers' ACT2FN keys) -> the activation moejit computes for
+// each, in the order error messages list them. The one home of this table: config.json's reader
+// uses it, and the torch op moejit::hf_activations hands it to the Python package.
+const std::vector<std::pair<std::string_view, Activation>>& hf_activations();
 
 // Maps a Hugging Face config.json object to a MoeConfig. Throws InvalidInput naming the JSON
 // key when a needed key is missing or has the wrong type, or when model_type is not a known MoE

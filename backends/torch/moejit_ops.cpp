@@ -8,6 +8,7 @@
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
 //                   act_smooth?, residual?, config) -> out               stages 2-6
 //   moejit::compile(config, device) -> str                                build + load at model load
+//   moejit::hf_activations() -> str                                       HF hidden_act -> activation (JSON)
 //
 // `config` is a layer configuration in moejit's JSON format (moejit.MoeConfig.to_json() in Python).
 #include <ATen/cuda/CUDAContext.h>
@@ -25,6 +26,7 @@
 #include "backends/torch/dtype.h"
 #include "common/error.h"
 #include "common/knobs.h"
+#include "compiler/hf_config.h"
 #include "runtime/layer.h"
 
 namespace moejit::torch_ops {
@@ -257,6 +259,14 @@ std::string compile_cuda(const std::string& config_json, int64_t device_index) {
   return summary.dump();
 }
 
+// compiler/hf_config's table as a JSON object {hidden_act: activation}, in the table's order, so that
+// the Python package maps hidden_act with the same table as config.json's reader.
+std::string hf_activations_json() {
+  nlohmann::ordered_json table = nlohmann::ordered_json::object();
+  for (const auto& [name, activation] : hf_activations()) table[std::string(name)] = std::string(to_string(activation));
+  return table.dump();
+}
+
 // Meta: shapes only, but the config and every static shape are checked as the real kernels do, so
 // a wrong weight fails while tracing rather than at run time. The token count may be symbolic.
 void check_meta(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2) {
@@ -306,6 +316,7 @@ TORCH_LIBRARY(moejit, m) {
       "Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, str config) -> Tensor");
   // No tensor argument, so no dispatch key: registered as a catch-all kernel.
   m.def("compile(str config, int device) -> str", &moejit::torch_ops::compile_cuda);
+  m.def("hf_activations() -> str", &moejit::torch_ops::hf_activations_json);
   // MOEJIT_LOG as common/knobs.cpp read it, so the Python side needs no environment access.
   m.def("log_level() -> str", [] { return moejit::knobs().log_level; });
 }

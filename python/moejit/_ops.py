@@ -16,7 +16,7 @@ import threading
 import torch
 
 LIBRARY_NAME = "libmoejit_torch.so"
-OP_NAMES = ("moe_layer", "route", "experts", "compile")
+OP_NAMES = ("moe_layer", "route", "experts", "compile", "hf_activations")
 
 _lock = threading.Lock()
 _loaded_from: "pathlib.Path | None" = None

@@ -13,21 +13,25 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["MoeConfig", "activation_from_hf", "dtype_name"]
+from . import _ops
+
+__all__ = ["MoeConfig", "activation_from_hf", "hf_activations", "dtype_name"]
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
-# Hugging Face `hidden_act` names -> moejit activations (SPEC.md stage 4). gelu_new and gelu_fast are
-# the tanh approximation written out by hand; they compute the same function as gelu_pytorch_tanh.
-_HF_ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-}
+# Hugging Face `hidden_act` names -> moejit activations (SPEC.md stage 4): the op library's table
+# (compiler/hf_config.cpp, the one config.json's reader uses), read once, on first use.
+_HF_ACTIVATIONS: "dict | None" = None
+
+
+def hf_activations() -> dict:
+    """{Hugging Face hidden_act: moejit activation}, as torch.ops.moejit.hf_activations gives it."""
+    global _HF_ACTIVATIONS
+    if _HF_ACTIVATIONS is None:
+        _ops.load_library()
+        _HF_ACTIVATIONS = json.loads(torch.ops.moejit.hf_activations())
+    return dict(_HF_ACTIVATIONS)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -40,10 +44,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def activation_from_hf(hidden_act: Any) -> str:
     """moejit's activation for a Hugging Face ``hidden_act``; NotImplementedError naming any other."""
-    if isinstance(hidden_act, str) and hidden_act in _HF_ACTIVATIONS:
-        return _HF_ACTIVATIONS[hidden_act]
+    table = hf_activations()
+    if isinstance(hidden_act, str) and hidden_act in table:
+        return table[hidden_act]
     raise NotImplementedError(
-        f"moejit: hidden_act {hidden_act!r} is not supported; supported: {', '.join(sorted(_HF_ACTIVATIONS))}"
+        f"moejit: hidden_act {hidden_act!r} is not supported; supported: {', '.join(sorted(table))}"
     )
 
 

@@ -253,6 +253,30 @@ TEST(HfConfig, HiddenActNamesMapToTheActivations) {
   EXPECT_EQ(config_from_hf_json(j).activation, Activation::Silu);
 }
 
+// hf_activations() is the one table (the torch op moejit::hf_activations hands it to Python): every
+// name in it reads as its activation, no name is listed twice, and a name outside it is refused with
+// a message listing all of them.
+TEST(HfConfig, TheHfActivationTableDrivesTheReader) {
+  ASSERT_FALSE(hf_activations().empty());
+  json j = read_json(hf_fixture("qwen3-30b-a3b"));
+  std::vector<std::string> seen;
+  for (const auto& [name, act] : hf_activations()) {
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), std::string(name)), 0) << name;
+    seen.emplace_back(name);
+    j["hidden_act"] = std::string(name);
+    EXPECT_EQ(config_from_hf_json(j).activation, act) << name;
+  }
+  j["hidden_act"] = "relu";
+  std::string message;
+  try {
+    config_from_hf_json(j);
+  } catch (const InvalidInput& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "expected InvalidInput";
+  for (const auto& name : seen) EXPECT_NE(message.find(name), std::string::npos) << name << " in: " << message;
+}
+
 TEST(HfConfig, DtypeKeysSetDtypeAndRouterDtype) {
   json j = read_json(hf_fixture("qwen3-30b-a3b"));
   j["torch_dtype"] = "float16";

@@ -11,7 +11,7 @@ from moejit import MoeConfig, MoELayer
 
 from conftest import TOLERANCE, rel_error
 
-OPS = ("moe_layer", "route", "experts", "compile")
+OPS = ("moe_layer", "route", "experts", "compile", "hf_activations")
 
 
 def small_config(**kw):
@@ -256,6 +256,28 @@ def test_unsupported_hf_activation_is_not_implemented():
         moejit.config.activation_from_hf("relu")
     assert moejit.config.activation_from_hf("swish") == "silu"
     assert moejit.config.activation_from_hf("gelu_new") == "gelu_tanh"
+
+
+def test_hf_activation_table_is_the_op_librarys():
+    """compiler/hf_config.cpp holds the one hidden_act table; Python reads it through the op."""
+    table = json.loads(torch.ops.moejit.hf_activations())
+    assert table and set(table.values()) <= {"silu", "gelu", "gelu_tanh"}
+    assert moejit.config.hf_activations() == table
+    for name, activation in table.items():
+        assert moejit.config.activation_from_hf(name) == activation, name
+    # The mapping itself, pinned here too, so a change to the table is a visible change.
+    assert table == {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                     "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+
+
+@pytest.mark.parametrize("hidden_act", ["relu", "SiLU", "", None, 3])
+def test_unknown_hf_activation_names_the_supported_ones(hidden_act):
+    with pytest.raises(NotImplementedError) as info:
+        moejit.config.activation_from_hf(hidden_act)
+    message = str(info.value)
+    assert repr(hidden_act) in message
+    supported = message.split("supported: ")[-1]
+    assert supported == ", ".join(sorted(json.loads(torch.ops.moejit.hf_activations())))
 
 
 # --- MoeConfig, compile, MoELayer ------------------------------------------------------------------
