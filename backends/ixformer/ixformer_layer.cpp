@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cfloat>
+
 #include <fmt/format.h>
 
 #include "backends/ixformer/ixformer_api.h"
@@ -59,11 +61,26 @@ bool routing_by_topk_softmax(const MoeConfig& c) {
          c.routed_scaling_factor == 1.0;
 }
 
-std::tuple<at::Tensor, at::Tensor> route(const MoeConfig& c, const at::Tensor& router_logits,
-                                         const std::optional<at::Tensor>& bias) {
+namespace {
+
+// SPEC.md's map of non-finite values, for topk_softmax's fp32 gating (a no-op on finite logits).
+at::Tensor sanitize_logits(const at::Tensor& x) {
+  return at::nan_to_num(x.to(at::kFloat), -FLT_MAX, FLT_MAX, -FLT_MAX);
+}
+
+// A routing, and the per-expert pair counts on the host where the routing ran there.
+struct Routed {
+  at::Tensor weights, ids;
+  std::optional<at::Tensor> host_counts;
+};
+
+Routed route_with_counts(const MoeConfig& c, const at::Tensor& router_logits, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK_VALUE(router_logits.dim() == 2 && router_logits.size(1) == c.experts,
                     "moejit ilu backend: router_logits must be [T, ", c.experts, "], got ", router_logits.sizes());
-  if (!routing_by_topk_softmax(c)) return route_portable(c, router_logits, bias);
+  if (!routing_by_topk_softmax(c)) {
+    PortableRouting r = route_portable(c, router_logits, bias);  // on the host: waits for the stream
+    return {r.weights, r.ids, r.host_counts};
+  }
 
   // topk_softmax takes fp32 gating only; SPEC.md's non-finite map first (a no-op on finite logits).
   const int64_t T = router_logits.size(0), K = c.topk;
@@ -71,17 +88,19 @@ std::tuple<at::Tensor, at::Tensor> route(const MoeConfig& c, const at::Tensor& r
   at::Tensor weights = at::empty({T, K}, gating.options());
   at::Tensor ids = at::empty({T, K}, gating.options().dtype(at::kInt));
   at::Tensor token_expert_indices = at::empty({T, K}, gating.options().dtype(at::kInt));
-  if (T == 0) return {weights, ids};
+  if (T == 0) return {weights, ids, std::nullopt};
   // renormalize=false: ixformer returns the plain softmax scores of the K picks, and the
   // renormalization runs here, the same on every ixformer version (as xLLM's ILU layer does).
   ixformer::infer::topk_softmax(weights, ids, token_expert_indices, gating, /*renormalize=*/false);
   if (c.renormalize) weights = weights / weights.sum(-1, /*keepdim=*/true);  // softmax picks: the sum is > 0
-  return {weights, ids};
+  return {weights, ids, std::nullopt};
 }
 
-at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& topk_ids,
-                   const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
-                   const std::optional<at::Tensor>& residual) {
+// Stages 2-6. host_counts: the pairs per expert, already on the host (portable routing), or none:
+// then the index call's device counts are copied to the host, which waits for the stream.
+at::Tensor experts_counted(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& topk_ids,
+                           const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
+                           const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& host_counts) {
   const std::string missing = unsupported_capability(c);
   TORCH_CHECK_NOT_IMPLEMENTED(missing.empty(), "moejit ilu backend (ixformer): ", missing);
   TORCH_CHECK_VALUE(hidden.dim() == 2 && hidden.size(1) == c.hidden, "moejit ilu backend: hidden must be [T, ",
@@ -110,9 +129,9 @@ at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tenso
                                                /*expert_sizes_gpu=*/counts, /*expert_mask=*/std::nullopt,
                                                /*expert_sizes_cpu=*/std::nullopt, /*expand_tokens_gpu=*/std::nullopt,
                                                /*start_expert_id=*/0, /*end_expert_id=*/E, /*num_experts=*/E);
-  // The group GEMM wants the counts on the host: this copy waits for the stream (the one host
-  // synchronization of the ILU path).
-  at::Tensor host_counts = counts.to(at::kCPU);
+  // The group GEMM wants the counts on the host. Counted there by the portable routing; otherwise
+  // this copy waits for the stream (the one host synchronization of the call).
+  at::Tensor host_tokens = host_counts.has_value() ? *host_counts : counts.to(at::kCPU);
 
   // Stage 3: A[p] = hidden[sorted_pair[p] / K].
   at::Tensor expanded = at::empty({M, H}, x.options());
@@ -121,7 +140,7 @@ at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tenso
 
   // Stage 4: G1 in expert-sorted order, then the activation.
   at::Tensor g1 = at::empty({M, N1}, x.options());
-  ixformer::infer::moe_w16a16_group_gemm(g1, expanded, w13.contiguous(), host_counts, /*dst_to_src=*/std::nullopt,
+  ixformer::infer::moe_w16a16_group_gemm(g1, expanded, w13.contiguous(), host_tokens, /*dst_to_src=*/std::nullopt,
                                          /*bias=*/std::nullopt, /*format=*/"TN", /*persistent=*/0, /*output_n=*/M);
   at::Tensor act;
   if (c.gated && c.activation == Activation::Silu) {
@@ -133,7 +152,7 @@ at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tenso
 
   // Stage 5: with dst_to_src = sorted_pair, row p lands in row sorted_pair[p] = t*K + j.
   at::Tensor y = at::empty({M, H}, x.options());
-  ixformer::infer::moe_w16a16_group_gemm(y, act, w2.contiguous(), host_counts, /*dst_to_src=*/sorted_pair,
+  ixformer::infer::moe_w16a16_group_gemm(y, act, w2.contiguous(), host_tokens, /*dst_to_src=*/sorted_pair,
                                          /*bias=*/std::nullopt, /*format=*/"TN", /*persistent=*/0, /*output_n=*/M);
 
   // Stage 6: out[t] = sum_j w[t,j] * Y[t,j] (+ residual). The route scale is already in the
@@ -146,6 +165,20 @@ at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tenso
   return out;
 }
 
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> route(const MoeConfig& c, const at::Tensor& router_logits,
+                                         const std::optional<at::Tensor>& bias) {
+  Routed r = route_with_counts(c, router_logits, bias);
+  return {r.weights, r.ids};
+}
+
+at::Tensor experts(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& topk_ids,
+                   const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
+                   const std::optional<at::Tensor>& residual) {
+  return experts_counted(c, hidden, topk_ids, topk_weights, w13, w2, residual, std::nullopt);
+}
+
 at::Tensor forward(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& router_logits,
                    const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& bias,
                    const std::optional<at::Tensor>& residual) {
@@ -154,8 +187,8 @@ at::Tensor forward(const MoeConfig& c, const at::Tensor& hidden, const at::Tenso
   TORCH_CHECK_VALUE(router_logits.dim() == 2 && router_logits.size(0) == hidden.size(0),
                     "moejit ilu backend: router_logits has ", router_logits.sizes(), " but hidden has ",
                     hidden.size(0), " rows");
-  auto [weights, ids] = route(c, router_logits, bias);
-  return experts(c, hidden, ids, weights, w13, w2, residual);
+  Routed r = route_with_counts(c, router_logits, bias);
+  return experts_counted(c, hidden, r.ids, r.weights, w13, w2, residual, r.host_counts);
 }
 
 }  // namespace moejit::ilu

@@ -6,7 +6,9 @@
 //   routing     ixformer topk_softmax when the config is plain softmax top-k (no groups kept out, no
 //               correction bias, route scale 1); the renormalization then runs as one ATen op.
 //               Anything else (sigmoid, expert groups, noaux_tc bias, route scale != 1) runs on
-//               moejit's portable ATen routing (portable_routing.h), on the device.
+//               moejit's one CPU routing (common/cpu_routing.h, the torch op's CPU kernel) on the
+//               host (portable_routing.h): logits and bias copied to the host, weights and ids back
+//               to the device, and the per-expert pair counts counted on the host from the ids.
 //   index       ixformer moe_compute_token_index_api (full expert range [0, E)).
 //   expand      ixformer moe_expand_input.
 //   GEMM 1      ixformer moe_w16a16_group_gemm, format TN, expert-sorted rows.
@@ -19,8 +21,13 @@
 //               c10::NotImplementedError naming the capability (unsupported_capability below).
 //
 // Unlike the JIT path (DESIGN.md decision 6), a call SYNCHRONIZES the stream once: ixformer's group
-// GEMM takes the per-expert token counts as a host tensor, so they are copied device -> host after
-// index generation. For the same reason a call cannot be captured into a CUDA graph.
+// GEMM takes the per-expert token counts as a host tensor. Where that wait happens:
+//   forward, topk_softmax routing   the counts are copied device -> host after index generation.
+//   forward, portable routing       the logits are copied device -> host for the routing; the host
+//                                   then counts from the ids, and the device counts are not copied.
+//   route                           portable routing: the logits' copy; topk_softmax: no wait.
+//   experts                         the counts' copy after index generation.
+// For the same reason a call cannot be captured into a CUDA graph.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -42,7 +49,7 @@ std::string unsupported_capability(const MoeConfig& config);
 bool routing_by_topk_softmax(const MoeConfig& config);
 
 // Stage 1 only. logits [T, E] (dtype or fp32); bias [E] fp32 for noaux_tc.
-// Returns (topk_weights [T, K] fp32, topk_ids [T, K] int32).
+// Returns (topk_weights [T, K] fp32, topk_ids [T, K] int32) on the logits' device.
 std::tuple<at::Tensor, at::Tensor> route(const MoeConfig& config, const at::Tensor& router_logits,
                                          const std::optional<at::Tensor>& e_score_correction_bias);
 
@@ -53,7 +60,8 @@ at::Tensor experts(const MoeConfig& config, const at::Tensor& hidden, const at::
                    const at::Tensor& topk_weights, const at::Tensor& w13, const at::Tensor& w2,
                    const std::optional<at::Tensor>& residual);
 
-// The whole layer: route, then experts. The capability check runs before any ixformer call.
+// The whole layer: route, then experts (with the host counts of a portable routing, so one wait in
+// all). The capability check runs before any ixformer call and any copy.
 at::Tensor forward(const MoeConfig& config, const at::Tensor& hidden, const at::Tensor& router_logits,
                    const at::Tensor& w13, const at::Tensor& w2,
                    const std::optional<at::Tensor>& e_score_correction_bias,

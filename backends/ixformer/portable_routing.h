@@ -1,31 +1,34 @@
-// SPEC.md stage 1 (routing) written with ATen tensor ops only, so it runs on whatever device the
-// logits are on: the Iluvatar GPU through CoreX's torch, or the CPU in the tests. The ILU backend
-// uses it for every routing that ixformer's topk_softmax cannot compute as SPEC.md says: sigmoid
-// scoring, expert groups, the noaux_tc correction bias, a route scale other than 1.
+// SPEC.md stage 1 (routing) for the ILU backend, wherever ixformer's topk_softmax cannot route as
+// SPEC.md says: sigmoid scoring, expert groups, the noaux_tc correction bias, a route scale other
+// than 1. It runs moejit's one CPU routing (common/cpu_routing.h, fp32: the same code and results
+// as the torch op's CPU kernel) on the host: the logits (and the bias) are copied to the host once,
+// routed there, and the weights and ids copied to the logits' device.
 //
-// Same math as SPEC.md and the CPU kernel of moejit::route (fp32 throughout): non-finite logits
-// mapped to +-FLT_MAX first; softmax or sigmoid; selection score q = p (+ bias for noaux_tc);
-// groups scored by their max q (sum of the two best for noaux_tc) and the topk_group best kept;
-// the K best allowed experts by q, ties to the lower index (stable sorts), ordered by descending q;
-// weights = unbiased p, renormalized when asked (a zero sum leaves them), then times the route scale.
-// No host synchronization; one stable sort over E per token (and one over G with groups).
+// Synchronization: copying the logits to the host waits for the logits' stream (nothing, for CPU
+// tensors). That is the one host synchronization of an ILU layer call on this path: since the host
+// then holds the ids, it also counts the pairs per expert that ixformer's group GEMM wants as a
+// host tensor (ixformer_layer.h), so the device counts need not be copied back. The bias is copied
+// without a wait of its own (ordered before the logits' copy on the same stream); the weights and
+// ids go to the device from pinned host memory without waiting.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
-#include <tuple>
 
 #include "compiler/moe_config.h"
 
 namespace moejit::ilu {
 
-// logits [T, E] (any float dtype); bias [E] fp32, required for noaux_tc and ignored otherwise.
-// Returns (topk_weights [T, K] fp32, topk_ids [T, K] int32) on the logits' device.
-std::tuple<at::Tensor, at::Tensor> route_portable(const MoeConfig& config, const at::Tensor& logits,
-                                                  const std::optional<at::Tensor>& bias);
+struct PortableRouting {
+  at::Tensor weights;      // [T, K] fp32 on the logits' device
+  at::Tensor ids;          // [T, K] int32 on the logits' device
+  at::Tensor host_counts;  // [E] int32 on the host: how many of the T*K (token, slot) pairs chose each expert
+};
 
-// SPEC.md's map of non-finite values: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX (fp32).
-at::Tensor sanitize_logits(const at::Tensor& x);
+// logits [T, E] (any float dtype, on any device); bias [E] fp32, required for noaux_tc and ignored
+// otherwise (on the logits' device or the host).
+PortableRouting route_portable(const MoeConfig& config, const at::Tensor& logits,
+                               const std::optional<at::Tensor>& bias);
 
 }  // namespace moejit::ilu

@@ -1,80 +1,10 @@
 #include "backends/torch/cpu_kernels.h"
 
 #include "backends/torch/dtype.h"
-
-#include <cfloat>
-#include <cmath>
-#include <vector>
+#include "common/cpu_routing.h"
 
 namespace moejit::torch_ops {
 namespace {
-
-// SPEC.md: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX.
-float sanitize(float x) {
-  if (std::isnan(x)) return -FLT_MAX;
-  return std::fmin(std::fmax(x, -FLT_MAX), FLT_MAX);
-}
-
-// Index of the largest score among candidates (ties to the lower index); -1 when none.
-int best_of(const std::vector<float>& score, const std::vector<char>& candidate) {
-  int best = -1;
-  for (int i = 0; i < static_cast<int>(score.size()); ++i)
-    if (candidate[i] && (best < 0 || score[i] > score[best])) best = i;
-  return best;
-}
-
-void route_token(const MoeConfig& c, const float* logits, const float* bias, float* weights, int* ids) {
-  const int E = c.experts, K = c.topk, G = c.num_expert_group;
-  std::vector<float> p(E), q(E);
-  if (c.scoring == Scoring::Sigmoid) {
-    for (int e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-sanitize(logits[e])));
-  } else {
-    float row_max = -FLT_MAX;
-    for (int e = 0; e < E; ++e) row_max = std::fmax(row_max, sanitize(logits[e]));
-    float sum = 0;
-    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(sanitize(logits[e]) - row_max));
-    for (int e = 0; e < E; ++e) p[e] /= sum;
-  }
-  const bool noaux = c.topk_method == TopkMethod::NoauxTc;
-  for (int e = 0; e < E; ++e) q[e] = noaux ? sanitize(p[e] + sanitize(bias[e])) : p[e];
-
-  std::vector<char> allowed(E, 1);
-  if (G > 1) {
-    const int size = E / G;
-    std::vector<float> group_score(G);
-    for (int g = 0; g < G; ++g) {
-      float first = -FLT_MAX, second = -FLT_MAX;
-      for (int i = 0; i < size; ++i) {
-        const float v = q[g * size + i];
-        if (v > first) {
-          second = first;
-          first = v;
-        } else if (v > second) {
-          second = v;
-        }
-      }
-      group_score[g] = noaux ? sanitize(first + second) : first;
-    }
-    std::vector<char> open(G, 1), kept(G, 0);
-    for (int r = 0; r < c.topk_group; ++r) {
-      const int g = best_of(group_score, open);
-      open[g] = 0;
-      kept[g] = 1;
-    }
-    for (int e = 0; e < E; ++e) allowed[e] = kept[e / size];
-  }
-  float sum = 0;
-  for (int j = 0; j < K; ++j) {
-    const int e = best_of(q, allowed);
-    allowed[e] = 0;
-    ids[j] = e;
-    weights[j] = p[e];
-    sum += p[e];
-  }
-  const bool renormalize = c.renormalize && sum > 0;
-  for (int j = 0; j < K; ++j)
-    weights[j] = (renormalize ? weights[j] / sum : weights[j]) * static_cast<float>(c.routed_scaling_factor);
-}
 
 // SPEC.md w8a8 row quantization in fp32: returns (q as float values, scale [rows, 1]).
 std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
@@ -108,9 +38,9 @@ std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, co
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options());
   at::Tensor ids = at::empty({tokens, c.topk}, logits.options().dtype(at::kInt));
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  for (int64_t t = 0; t < tokens; ++t)
-    route_token(c, logits.data_ptr<float>() + t * c.experts, b, weights.data_ptr<float>() + t * c.topk,
-                ids.data_ptr<int>() + t * c.topk);
+  // The one CPU routing (common/cpu_routing.h) in fp32, as the GPU kernel computes it.
+  cpu_route_tokens<float>(routing_rule(c), tokens, logits.data_ptr<float>(), b, weights.data_ptr<float>(),
+                          ids.data_ptr<int>());
   return {weights, ids};
 }
 

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/cpu_routing.h"
 #include "tests/reference/reference.h"
 
 namespace moejit::reference {
@@ -237,6 +238,45 @@ TEST(ReferenceRoute, NearTieOnlyForCloseScores) {
   r = route(c2, 1, {2, 2, 0, -1}, {});
   EXPECT_EQ(r.ids, (std::vector<int>{0, 1}));
   EXPECT_TRUE(r.near_tie[0]);
+}
+
+// The reference routes with common/cpu_routing.h in double; the torch op's CPU kernel and the ILU
+// portable routing use the same template in float.
+TEST(ReferenceRoute, SharedCpuRoutingInDoubleAndFloat) {
+  // Sigmoid in the fp32 implementations' form 1 / (1 + exp(-x)): exactly 0 in double once exp(-x)
+  // overflows (x below about -709), so the renormalized weights are 1 and 0.
+  MoeConfig s = small_config(4, 2);
+  s.scoring = Scoring::Sigmoid;
+  Routing r = route(s, 1, {-720, -730, 0, -740}, {});
+  EXPECT_EQ(r.ids, (std::vector<int>{2, 0}));
+  EXPECT_EQ(r.weights[0], 1.0);
+  EXPECT_EQ(r.weights[1], 0.0);
+  EXPECT_TRUE(r.near_tie[0]);  // the unchosen experts 0, 1, 3 all score 0
+
+  // The DeepSeek-V3-style row of SigmoidBiasGroupsDeepSeekStyle in float: the same ids, the
+  // weights within fp32 rounding, and the near-tie flag written only when asked for.
+  MoeConfig c = small_config(8, 2);
+  c.scoring = Scoring::Sigmoid;
+  c.topk_method = TopkMethod::NoauxTc;
+  c.num_expert_group = 4;
+  c.topk_group = 2;
+  c.routed_scaling_factor = 2.5;
+  const std::vector<double> logits = {3, -3, 1, 0.5, 0, -0.2, -1, -1}, bias = {0, 0, 0, 0, 0.4, 0.4, 0, 0.1};
+  r = route(c, 1, logits, bias);
+  const std::vector<float> logits_f(logits.begin(), logits.end()), bias_f(bias.begin(), bias.end());
+  float w[2];
+  int ids[2];
+  cpu_route_tokens<float>(routing_rule(c), 1, logits_f.data(), bias_f.data(), w, ids);
+  EXPECT_EQ(std::vector<int>(ids, ids + 2), r.ids);
+  EXPECT_NEAR(w[0], r.weights[0], 1e-6);
+  EXPECT_NEAR(w[1], r.weights[1], 1e-6);
+  bool tie = true;
+  cpu_route_tokens<float>(routing_rule(c), 1, logits_f.data(), bias_f.data(), w, ids, &tie);
+  EXPECT_FALSE(tie);
+  const std::vector<float> tied = {0, 0, 0, 0, 0, 0, 0, 0};  // every score 0.5 + bias: 4, 5 tie
+  cpu_route_tokens<float>(routing_rule(c), 1, tied.data(), bias_f.data(), w, ids, &tie);
+  EXPECT_EQ(std::vector<int>(ids, ids + 2), (std::vector<int>{4, 5}));
+  EXPECT_TRUE(tie);
 }
 
 // ---------------------------------------------------------------- index

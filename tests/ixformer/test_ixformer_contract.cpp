@@ -191,21 +191,26 @@ TEST(IxformerContract, SwappedIndexNamesAreCaught) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// tokens_per_experts: a host int32 tensor holding the counts of the index call, for both GEMMs.
+// tokens_per_experts: a host int32 tensor holding the counts of the index call, for both GEMMs:
+// copied from the device after the index call (topk_softmax routing, deepseek-v2-lite) or counted
+// on the host by the portable routing (deepseek-v3); the double checks they equal the index call's.
 // On a CUDA machine this runs with device tensors too, where "host" is a real distinction.
 TEST(IxformerContract, HostTokenCounts) {
-  const MoeConfig c = small_preset("deepseek-v2-lite", DType::FP16);
-  for (at::Device device : test_devices()) {
-    SCOPED_TRACE(device.str());
-    LayerRun r = run_forward(c, 64, 4, /*residual=*/false, device);
-    for (int n : {0, 1}) {
-      const Call& gemm = nth_call("moe_w16a16_group_gemm", n);
-      EXPECT_EQ(gemm.args.at("tokens_per_experts"), fmt::format("Int[{}]@cpu", c.experts));
-      EXPECT_EQ(gemm.args.at("inputs").substr(gemm.args.at("inputs").find('@')), "@" + device.str());
-      EXPECT_TRUE(at::equal(gemm.tensors.at("tokens_per_experts"), ints(r.ref.experts.index.counts)));
+  for (const MoeConfig& c : {small_preset("deepseek-v2-lite", DType::FP16), small_preset("deepseek-v3", DType::BF16)}) {
+    for (at::Device device : test_devices()) {
+      SCOPED_TRACE(fmt::format("{} experts, {}", c.experts, device.str()));
+      LayerRun r = run_forward(c, 64, 4, /*residual=*/false, device);
+      const at::Tensor routed = nth_call("moe_compute_token_index_api").tensors.at("topk_ids");
+      const at::Tensor want = at::bincount(routed.reshape({-1}).to(at::kLong), {}, c.experts).to(at::kInt);
+      for (int n : {0, 1}) {
+        const Call& gemm = nth_call("moe_w16a16_group_gemm", n);
+        EXPECT_EQ(gemm.args.at("tokens_per_experts"), fmt::format("Int[{}]@cpu", c.experts));
+        EXPECT_EQ(gemm.args.at("inputs").substr(gemm.args.at("inputs").find('@')), "@" + device.str());
+        EXPECT_TRUE(at::equal(gemm.tensors.at("tokens_per_experts"), want));
+      }
+      Comparison cmp = compare(r.p, r.ref, routed, r.out);
+      EXPECT_TRUE(cmp.failure.empty()) << cmp.failure;
     }
-    Comparison cmp = compare(r.p, r.ref, nth_call("moe_compute_token_index_api").tensors.at("topk_ids"), r.out);
-    EXPECT_TRUE(cmp.failure.empty()) << cmp.failure;
   }
 }
 

@@ -1,10 +1,17 @@
 // The float64 CPU reference of SPEC.md, written from the spec alone (no code shared with
 // templates/). Plain loops in double precision; the innermost loops walk contiguous memory.
+// Stage 1 (routing) is the one CPU routing of common/cpu_routing.h instantiated for double, which
+// the torch op's CPU kernel (float) and the ILU backend's portable routing (float) share; the
+// generated kernels (templates/routing.cuh) remain a separate implementation checked against it.
 //
 // Choices where SPEC.md leaves room (see also reference.h):
 // - All routing math is done in double, on the logits widened to double. Non-finite logits (and
 //   bias values) are mapped first: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX, with
 //   FLT_MAX the float constant taken as a double. Finite values are used as given.
+// - sigmoid is 1 / (1 + exp(-x)), the form of the fp32 implementations (common/cpu_routing.h):
+//   in double it is exactly 0 for x below about -709 (exp(-x) overflows), where the stable form
+//   e^x / (1 + e^x) would give a subnormal; elsewhere the two differ only by rounding. (The
+//   activations of stage 4 keep the stable form below.)
 // - Groups apply when num_expert_group > 1, for any topk_method that validate() accepts
 //   (group_limited_greedy: group score = max q; noaux_tc: sum of the two largest q; a group of one
 //   expert, which validate() rejects for noaux_tc, would score its single q).
@@ -25,19 +32,16 @@
 #include "tests/reference/reference.h"
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
+#include <memory>
 #include <numbers>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 
+#include "common/cpu_routing.h"
+
 namespace moejit::reference {
 namespace {
-
-constexpr double kFltMax = static_cast<double>(FLT_MAX);
-constexpr double kTieRelative = 1e-6;
-constexpr double kTieFloor = 1e-30;
 
 void require_size(const char* what, size_t got, int64_t want) {
   if (want < 0 || got != static_cast<size_t>(want))
@@ -45,17 +49,7 @@ void require_size(const char* what, size_t got, int64_t want) {
                                 " elements, expected " + std::to_string(want));
 }
 
-double sanitize(double v) {
-  if (std::isnan(v)) return -kFltMax;
-  if (std::isinf(v)) return v > 0 ? kFltMax : -kFltMax;
-  return v;
-}
-
-bool close(double a, double b) {
-  double m = std::max({std::fabs(a), std::fabs(b), kTieFloor});
-  return std::fabs(a - b) <= kTieRelative * m;
-}
-
+// For the activations (stage 4); routing's sigmoid is common/cpu_routing.h's.
 double sigmoid(double x) {
   // Stable for any finite x: no inf/inf.
   if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
@@ -75,16 +69,6 @@ double activation(Activation kind, double x) {
     }
   }
   throw std::invalid_argument("moejit reference: unknown activation");
-}
-
-// Indices 0..n-1 ordered by descending score, ties to the lower index.
-std::vector<int> order_desc(const std::vector<double>& score, const std::vector<int>& candidates) {
-  std::vector<int> order = candidates;
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    if (score[a] != score[b]) return score[a] > score[b];
-    return a < b;
-  });
-  return order;
 }
 
 // out[r, n] = sum_k a[r, k] * W(n, k) for r < rows, n < n_out, k < kd.
@@ -165,94 +149,13 @@ Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>
   else
     require_size("e_score_correction_bias (only for noaux_tc)", bias.size(), 0);
 
-  const int G = config.num_expert_group;
-  const bool grouped = G > 1;
-  const int group_size = E / G;
-  const int keep_groups = config.topk_group;
-
-  std::vector<double> clean_bias(E, 0.0);
-  if (noaux)
-    for (int e = 0; e < E; ++e) clean_bias[e] = sanitize(bias[e]);
-
-  std::vector<int> all_experts(E);
-  std::iota(all_experts.begin(), all_experts.end(), 0);
-  std::vector<int> all_groups(G);
-  std::iota(all_groups.begin(), all_groups.end(), 0);
-
   Routing r;
   r.weights.assign(tokens * K, 0.0);
   r.ids.assign(tokens * K, 0);
-  r.near_tie.assign(tokens, false);
-
-  std::vector<double> x(E), p(E), q(E), gscore(G);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int e = 0; e < E; ++e) x[e] = sanitize(logits[t * E + e]);
-
-    if (config.scoring == Scoring::Softmax) {
-      double m = x[0];
-      for (int e = 1; e < E; ++e) m = std::max(m, x[e]);
-      double sum = 0.0;
-      for (int e = 0; e < E; ++e) {
-        p[e] = std::exp(x[e] - m);
-        sum += p[e];
-      }
-      for (int e = 0; e < E; ++e) p[e] /= sum;  // sum >= 1: the max term is exp(0)
-    } else {
-      for (int e = 0; e < E; ++e) p[e] = sigmoid(x[e]);
-    }
-    for (int e = 0; e < E; ++e) q[e] = p[e] + clean_bias[e];
-
-    bool tie = false;
-    std::vector<int> allowed;
-    if (grouped) {
-      for (int g = 0; g < G; ++g) {
-        const double* qg = q.data() + static_cast<int64_t>(g) * group_size;
-        if (noaux && group_size >= 2) {
-          double best = -INFINITY, second = -INFINITY;
-          for (int i = 0; i < group_size; ++i) {
-            if (qg[i] > best) {
-              second = best;
-              best = qg[i];
-            } else if (qg[i] > second) {
-              second = qg[i];
-            }
-          }
-          gscore[g] = best + second;
-        } else {
-          double best = qg[0];
-          for (int i = 1; i < group_size; ++i) best = std::max(best, qg[i]);
-          gscore[g] = best;
-        }
-      }
-      std::vector<int> gorder = order_desc(gscore, all_groups);
-      if (keep_groups < G && close(gscore[gorder[keep_groups - 1]], gscore[gorder[keep_groups]])) tie = true;
-      std::vector<bool> kept(G, false);
-      for (int i = 0; i < keep_groups; ++i) kept[gorder[i]] = true;
-      for (int e = 0; e < E; ++e)
-        if (kept[e / group_size]) allowed.push_back(e);
-    } else {
-      allowed = all_experts;
-    }
-
-    std::vector<int> order = order_desc(q, allowed);
-    if (static_cast<int>(order.size()) < K)  // validate() rules this out
-      throw std::invalid_argument("moejit reference: fewer allowed experts than topk");
-    for (int j = 0; j < K; ++j)
-      if (j + 1 < static_cast<int>(order.size()) && close(q[order[j]], q[order[j + 1]])) tie = true;
-
-    double* w = r.weights.data() + t * K;
-    int* ids = r.ids.data() + t * K;
-    double sum = 0.0;
-    for (int j = 0; j < K; ++j) {
-      ids[j] = order[j];
-      w[j] = p[order[j]];
-      sum += w[j];
-    }
-    if (config.renormalize && sum != 0.0)
-      for (int j = 0; j < K; ++j) w[j] /= sum;
-    for (int j = 0; j < K; ++j) w[j] *= config.routed_scaling_factor;
-    r.near_tie[t] = tie;
-  }
+  std::unique_ptr<bool[]> near_tie(new bool[tokens]());
+  cpu_route_tokens<double>(routing_rule(config), tokens, logits.data(), noaux ? bias.data() : nullptr,
+                           r.weights.data(), r.ids.data(), near_tie.get());
+  r.near_tie.assign(near_tie.get(), near_tie.get() + tokens);
   return r;
 }
 

@@ -1,6 +1,8 @@
 // The float64 CPU reference of every stage of SPEC.md. Written from the spec alone, it shares no
-// code with the generated kernels; the GPU tests compare against it. Inputs are the values the
-// device sees (already rounded to bf16/fp16/int8), widened to double.
+// code with the generated kernels; the GPU tests compare against it. Its routing (stage 1) is the
+// one CPU routing of common/cpu_routing.h in double, which it shares with the torch op's CPU kernel
+// and the ILU backend's portable routing (both in float). Inputs are the values the device sees
+// (already rounded to bf16/fp16/int8), widened to double.
 #pragma once
 
 #include <cstdint>
