@@ -6,6 +6,7 @@
 #include <variant>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/knobs.h"
@@ -62,6 +63,11 @@ class JitLayer final : public Layer {
   const MoeConfig& config() const override { return config_; }
   const Plan* plan() const override { return &loaded_->plan(); }
 
+  std::string describe() const override {
+    const Plan& p = loaded_->plan();
+    return nlohmann::json{{"kernels", p.kernels.size()}, {"units", p.unit_names()}, {"arch", p.arch}}.dump();
+  }
+
   int launches(int64_t tokens) const override {
     return tokens <= 0 ? 0 : plan_call(loaded_->plan(), Entry::Forward, tokens).count;
   }
@@ -69,11 +75,13 @@ class JitLayer final : public Layer {
   void forward(void* stream, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
                size_t workspace_size) const override {
     check_routing_arguments(config_, tokens, in.router_logits, in.e_score_correction_bias);
-    CallBuffers b = expert_buffers(tokens, in, output, workspace, workspace_size);
+    const WorkspaceOffsets offsets = check_expert_arguments(config_, tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
+    const CallPlan call = plan_call(loaded_->plan(), Entry::Forward, tokens);
+    CallBuffers b = expert_buffers(call, offsets, in, output, workspace);
     b.topk_weights = b.at<float>(b.offsets.topk_weights);
     b.topk_ids = b.at<int>(b.offsets.topk_ids);
-    run(stream, plan_call(loaded_->plan(), Entry::Forward, tokens), b);
+    run(stream, call, b);
   }
 
   void route(void* stream, int64_t tokens, const void* router_logits, const float* bias, float* topk_weights,
@@ -94,26 +102,27 @@ class JitLayer final : public Layer {
                void* output, void* workspace, size_t workspace_size) const override {
     check_pointer(topk_ids, "topk_ids", 4);
     check_pointer(topk_weights, "topk_weights", 4);
-    CallBuffers b = expert_buffers(tokens, in, output, workspace, workspace_size);
+    const WorkspaceOffsets offsets = check_expert_arguments(config_, tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
+    const CallPlan call = plan_call(loaded_->plan(), Entry::Experts, tokens);
+    CallBuffers b = expert_buffers(call, offsets, in, output, workspace);
     // The caller's routing: the kernels of Entry::Experts only read it.
     b.topk_weights = const_cast<float*>(topk_weights);
     b.topk_ids = const_cast<int*>(topk_ids);
-    run(stream, plan_call(loaded_->plan(), Entry::Experts, tokens), b);
+    run(stream, call, b);
   }
 
  private:
-  // Checks stages 2-6's arguments and fills the call's buffers, the bucket's weight tensor maps
-  // included (encoded before the first launch, since encoding may throw).
-  CallBuffers expert_buffers(int64_t tokens, const LayerInputs& in, void* output, void* workspace,
-                             size_t workspace_size) const {
+  // The buffers of stages 2-6, the call's bucket's weight tensor maps included (encoded before the
+  // first launch, since encoding may throw).
+  CallBuffers expert_buffers(const CallPlan& call, const WorkspaceOffsets& offsets, const LayerInputs& in,
+                             void* output, void* workspace) const {
     CallBuffers b;
-    b.offsets = check_expert_arguments(config_, tokens, in, output, workspace, workspace_size);
-    if (tokens == 0) return b;
+    b.offsets = offsets;
     b.in = in;
     b.output = output;
     b.workspace = static_cast<char*>(workspace);
-    const TokenBucket& bucket = loaded_->plan().bucket_for(tokens);
+    const TokenBucket& bucket = *call.bucket;
     if (bucket.gemm1.kernel == GemmKernel::Wgmma)
       b.w13_map = encode_weight_map(in.w13, weight_map_shape(config_, true, bucket.gemm1), "w13");
     if (bucket.gemm2.kernel == GemmKernel::Wgmma)

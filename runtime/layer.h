@@ -45,8 +45,13 @@ class Layer {
   // The JIT's plan (kernels, buckets, arch); null for a backend that plans no kernels (ixformer).
   virtual const Plan* plan() const = 0;
 
-  // Workspace a forward of up to max_tokens tokens needs; monotonic in max_tokens.
-  size_t workspace_bytes(int64_t max_tokens) const;
+  // Workspace a forward of up to max_tokens tokens needs; monotonic in max_tokens (0 for a backend
+  // that needs none). Throws InvalidInput when max_tokens < 0.
+  virtual size_t workspace_bytes(int64_t max_tokens) const;
+
+  // What the backend built, as a JSON object: the JIT's kernels, units and arch; another backend's
+  // name and what it computes how (the torch op moejit::compile returns it).
+  virtual std::string describe() const = 0;
 
   // Runs the layer on `stream` (a CUstream / cudaStream_t; null = legacy default stream).
   // Checks, before any launch, that tokens is in [0, 2^31 / topk), every pointer the config needs

@@ -1,4 +1,5 @@
-// The moejit torch operators: schemas, CUDA kernels (the compiled layer on the current stream, with
+// The moejit torch operators: schemas, CUDA kernels (the device's layer from Layer::create, which
+// picks the backend: the JIT, or ixformer on Iluvatar devices; on the current stream, with
 // workspaces from the caching allocator) and Meta kernels (shapes only, for FakeTensor tracing).
 // The CPU kernels, which compute SPEC.md's math with ATen, are in cpu_kernels.cpp.
 //
@@ -21,7 +22,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/ixformer/torch_dispatch.h"
 #include "backends/torch/cpu_kernels.h"
 #include "backends/torch/dtype.h"
 #include "common/error.h"
@@ -189,9 +189,6 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   TORCH_CHECK_VALUE(logits.size(0) == hidden.size(0), "moejit: router_logits has ", logits.size(0),
                     " rows but hidden has ", hidden.size(0));
   c10::cuda::CUDAGuard guard(hidden.device());
-  if (ilu::use_ixformer(hidden.device()))  // Iluvatar: ixformer, not the JIT (runtime/backend_select.h)
-    return ilu::moe_layer_op(c, hidden, logits, w13, w2, bias, w13_scale, w2_scale, input_smooth, act_smooth,
-                             residual);
   const Layer& layer = layer_for(entry, hidden.device());
   const int64_t tokens = hidden.size(0);
   at::Tensor out = at::empty_like(hidden);
@@ -210,7 +207,6 @@ std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const st
   const MoeConfig& c = entry.config;
   check_routing_tensors(c, logits, bias);
   c10::cuda::CUDAGuard guard(logits.device());
-  if (ilu::use_ixformer(logits.device())) return ilu::route_op(c, logits, bias);
   const Layer& layer = layer_for(entry, logits.device());
   const int64_t tokens = logits.size(0);
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options().dtype(at::kFloat));
@@ -235,8 +231,6 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
   expect(topk_ids, "topk_ids", at::kInt, {tokens, c.topk});
   expect(topk_weights, "topk_weights", at::kFloat, {tokens, c.topk});
   c10::cuda::CUDAGuard guard(hidden.device());
-  if (ilu::use_ixformer(hidden.device()))
-    return ilu::experts_op(c, hidden, topk_ids, topk_weights, w13, w2, residual);
   const Layer& layer = layer_for(entry, hidden.device());
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
@@ -252,11 +246,7 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
 std::string compile_cuda(const std::string& config_json, int64_t device_index) {
   ConfigEntry& entry = entry_for(config_json);
   at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
-  if (ilu::use_ixformer(device)) return ilu::compile_summary(entry.config);
-  const Layer& layer = layer_for(entry, device);
-  const Plan& plan = *layer.plan();  // a JIT layer: the ixformer devices returned above
-  nlohmann::json summary = {{"kernels", plan.kernels.size()}, {"units", plan.unit_names()}, {"arch", plan.arch}};
-  return summary.dump();
+  return layer_for(entry, device).describe();
 }
 
 // compiler/hf_config's table as a JSON object {hidden_act: activation}, in the table's order, so that
