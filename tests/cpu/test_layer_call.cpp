@@ -1,0 +1,153 @@
+// One layer call's schedule and arguments (compiler/layer_call.h): which kernels each entry point
+// launches for T tokens, their grids by the launch rules, and what each kernel family packs from the
+// call's buffers. The GPU tier runs these calls; here they are checked as values.
+#include <gtest/gtest.h>
+
+#include <variant>
+#include <vector>
+
+#include "compiler/families/grouped_gemm.h"
+#include "compiler/families/index.h"
+#include "compiler/layer_call.h"
+#include "compiler/planner.h"
+
+namespace moejit {
+namespace {
+
+std::vector<KernelRole> roles(const CallPlan& call) {
+  std::vector<KernelRole> out;
+  for (const CallStep& s : call) out.push_back(s.role);
+  return out;
+}
+
+using R = KernelRole;
+
+TEST(LayerCall, ForwardFusesRoutingAndIndexForSmallBatches) {
+  const Plan plan = make_plan(preset("qwen3-30b-a3b"), "sm_90a");  // K = 8
+  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 1)), (std::vector{R::RouteIndex, R::Gemm1, R::Gemm2, R::Combine}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 32)), (std::vector{R::RouteIndex, R::Gemm1, R::Gemm2, R::Combine}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 33)),
+            (std::vector{R::Routing, R::IndexCount, R::IndexScatter, R::Gemm1, R::Gemm2, R::Combine}));
+  // experts() indexes in one block while every pair fits one index block (T*K <= 1024).
+  EXPECT_EQ(roles(plan_call(plan, Entry::Experts, 128)), (std::vector{R::RouteIndex, R::Gemm1, R::Gemm2, R::Combine}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Experts, 129)),
+            (std::vector{R::IndexCount, R::IndexScatter, R::Gemm1, R::Gemm2, R::Combine}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Route, 4096)), (std::vector{R::Routing}));
+  EXPECT_EQ(plan_call(plan, Entry::Route, 4096).bucket, nullptr);
+  // Mixtral's K = 2: 32 tokens are 64 pairs, still fused; 33 tokens are not (the token bound).
+  const Plan mixtral = make_plan(preset("mixtral-8x7b"), "sm_90a");
+  EXPECT_EQ(plan_call(mixtral, Entry::Forward, 32).count, 4);
+  EXPECT_EQ(plan_call(mixtral, Entry::Forward, 33).count, 6);
+}
+
+TEST(LayerCall, W8a8AddsItsQuantizations) {
+  MoeConfig c = preset("glm-4.5-air");
+  c.quant = Quant::W8A8Int8;
+  const Plan plan = make_plan(c, "sm_90a");
+  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 7)), (std::vector{R::RouteIndex, R::QuantizeExpand, R::Gemm1,
+                                                                    R::QuantizeAct, R::Gemm2, R::Combine}));
+}
+
+TEST(LayerCall, EachStepRunsItsBucketsKernelWithTheLaunchRulesGrid) {
+  const MoeConfig c = preset("deepseek-v3");
+  const Plan plan = make_plan(c, "sm_90a");
+  for (int64_t tokens : {1, 17, 33, 700, 4096, 100000}) {
+    SCOPED_TRACE(tokens);
+    const CallPlan call = plan_call(plan, Entry::Forward, tokens);
+    const TokenBucket& bucket = plan.bucket_for(tokens);
+    ASSERT_EQ(call.bucket, &bucket);
+    EXPECT_EQ(call.pairs, tokens * c.topk);
+    EXPECT_EQ(call.row_tiles, max_row_tiles(c, tokens, bucket.gemm1.bm));
+    for (const CallStep& step : call) {
+      const KernelPlan& k = plan.kernels[static_cast<size_t>(step.kernel)];
+      EXPECT_EQ(k.role, step.role) << k.entry;
+      const int64_t per = k.launch.per_block;
+      switch (step.role) {
+        case R::Routing: EXPECT_EQ(step.grid.x, (tokens + per - 1) / per); break;
+        case R::IndexCount: EXPECT_EQ(step.grid.x, (call.pairs + 1023) / 1024); break;
+        case R::IndexScatter:
+          EXPECT_EQ(step.grid.x, std::min<int64_t>((call.pairs + 1023) / 1024, kMaxIndexScatterBlocks));
+          break;
+        case R::RouteIndex: EXPECT_EQ(step.grid.x, 1); break;
+        case R::Gemm1:
+          EXPECT_EQ(k.entry, bucket.gemm1_entry);
+          EXPECT_EQ(step.grid.x, call.row_tiles * ((c.local_intermediate() + per - 1) / per));
+          EXPECT_EQ(step.grid.y, 1);
+          break;
+        case R::Gemm2:
+          EXPECT_EQ(k.entry, bucket.gemm2_entry);
+          EXPECT_EQ(step.grid.x, call.row_tiles * ((c.hidden + per - 1) / per));
+          break;
+        case R::Combine:
+          EXPECT_EQ(step.grid.x, tokens);
+          EXPECT_EQ(step.grid.y, (c.hidden + per - 1) / per);
+          break;
+        default: ADD_FAILURE() << to_string(step.role);
+      }
+    }
+  }
+  // The SIMT GEMMs' grid is two-dimensional: (row tiles, column tiles).
+  MoeConfig kn = c;
+  kn.weight_layout = WeightLayout::KN;
+  const Plan simt = make_plan(kn, "sm_90a");
+  const CallPlan call = plan_call(simt, Entry::Forward, 64);
+  for (const CallStep& step : call)
+    if (step.role == R::Gemm2) {
+      const int64_t per = simt.kernels[static_cast<size_t>(step.kernel)].launch.per_block;
+      EXPECT_EQ(step.grid.x, call.row_tiles);
+      EXPECT_EQ(step.grid.y, (c.hidden + per - 1) / per);
+    }
+}
+
+TEST(LayerCall, FamiliesPackTheCallsBuffersAndThePlacement) {
+  MoeConfig c = preset("deepseek-v3");
+  c.ep_size = 8;
+  c.ep_rank = 3;
+  const Plan plan = make_plan(c, "sm_90a");
+  std::vector<char> storage(static_cast<size_t>(workspace_offsets(c, 1).total_bytes));
+  char* workspace = storage.data();
+  int ids[8], scratch;
+  float weights[8];
+  CallBuffers b;
+  b.in.hidden = &scratch;
+  b.in.w13 = &scratch + 1;
+  b.in.w2 = &scratch + 2;
+  b.output = &scratch + 3;
+  b.workspace = workspace;
+  b.offsets = workspace_offsets(c, 1);
+  b.topk_ids = ids;
+  b.topk_weights = weights;
+  for (Entry entry : {Entry::Forward, Entry::Experts}) {
+    const CallPlan call = plan_call(plan, entry, 1);
+    const CallContext context{c, c.placement(), call, b};
+    for (const CallStep& step : call) {
+      const KernelArgs args = pack_args(step, context);
+      if (step.role == R::RouteIndex) {
+        const auto& a = std::get<RouteIndexArgs>(args);
+        EXPECT_EQ(a.route, entry == Entry::Forward ? 1 : 0);
+        EXPECT_EQ(a.index.expert_begin, 3 * 32) << "the placement's first local expert";
+        EXPECT_EQ(a.index.tile_rows, call.bucket->gemm1.bm);
+        EXPECT_EQ(a.index.topk_ids, ids);
+        EXPECT_EQ(a.index.sorted_pair, reinterpret_cast<int*>(workspace + b.offsets.sorted_pair));
+      } else if (step.role == R::Gemm1) {
+        const auto& a = std::get<GemmArgs>(args);
+        EXPECT_EQ(a.a, b.in.hidden);
+        EXPECT_EQ(a.w, b.in.w13);
+        EXPECT_EQ(a.out, workspace + b.offsets.act);
+      } else if (step.role == R::Gemm2) {
+        const auto& a = std::get<GemmArgs>(args);
+        EXPECT_EQ(a.a, workspace + b.offsets.act);
+        EXPECT_EQ(a.out, workspace + b.offsets.y);
+        EXPECT_EQ(a.act_smooth, nullptr);
+      } else if (step.role == R::Combine) {
+        const auto& a = std::get<CombineArgs>(args);
+        EXPECT_EQ(a.topk_weights, weights);
+        EXPECT_EQ(a.out, b.output);
+        EXPECT_EQ(a.tokens, 1);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moejit
