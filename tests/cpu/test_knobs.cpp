@@ -1,6 +1,7 @@
 // The knob descriptors (common/knobs.h): the README's table, `moejit info`, the cache-key fields
 // and the parsing all come from them. The README test fails with the table to paste when they drift.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -170,7 +171,11 @@ TEST(Knobs, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(k.cache_dir, "/home/someone/.cache/moejit");
   EXPECT_EQ(k.cache_max_bytes, int64_t{4} << 30);
   EXPECT_TRUE(k.disk_cache);
-  // cuda_home: the build's toolkit, which this test cannot know (CMake may leave it empty).
+  // cuda_home: the toolkit the build used, a real one: its CUB headers are there (NVRTC needs them).
+  EXPECT_FALSE(k.cuda_home.empty());
+  EXPECT_TRUE(std::filesystem::exists(k.cuda_home + "/include/cccl/cub") ||
+              std::filesystem::exists(k.cuda_home + "/include/cub"))
+      << k.cuda_home;
   EXPECT_GE(k.compile_threads, 1);
   EXPECT_EQ(k.log_level, "off");
   EXPECT_FALSE(k.nvrtc_pch);
