@@ -24,7 +24,8 @@ std::string header_comment(const Plan& plan, const std::string& unit) {
     out += fmt::format("//   {} (T {}): gemm1 {} -> {}, gemm2 {} -> {}\n", b.name(),
                        b.max_tokens == INT64_MAX ? fmt::format(">= {}", b.min_tokens)
                                                  : fmt::format("{}..{}", b.min_tokens, b.max_tokens),
-                       describe(b.gemm1), b.gemm1_entry, describe(b.gemm2), b.gemm2_entry);
+                       describe(b.gemm1), plan.kernel_of(b, true).entry, describe(b.gemm2),
+                       plan.kernel_of(b, false).entry);
   out += "//\n// Kernels in this unit:\n";
   for (const auto& k : plan.kernels)
     if (k.unit == unit)

@@ -109,6 +109,10 @@ const KernelPlan& Plan::kernel(std::string_view entry) const {
   throw Error(fmt::format("moejit internal error: the plan has no kernel named {}", entry));
 }
 
+const KernelPlan& Plan::kernel_of(const TokenBucket& bucket, bool gemm1) const {
+  return kernels.at(static_cast<size_t>(gemm1 ? bucket.gemm1_kernel : bucket.gemm2_kernel));
+}
+
 int Plan::kernel_index(KernelRole role) const {
   for (size_t i = 0; i < kernels.size(); ++i)
     if (kernels[i].role == role) return static_cast<int>(i);

@@ -114,8 +114,7 @@ struct TokenBucket {
   int64_t tuned_tokens = 0;  // where autotune times the bucket; the planner's tiles follow the rows per
                              // expert at this T, except "short" and "prefill", which keep T=4096's
   TileShape gemm1, gemm2;
-  std::string gemm1_entry, gemm2_entry;
-  int gemm1_kernel = -1, gemm2_kernel = -1;  // indices into Plan::kernels
+  int gemm1_kernel = -1, gemm2_kernel = -1;  // indices into Plan::kernels (Plan::kernel_of)
 
   std::string_view name() const { return to_string(kind); }
 };
@@ -128,6 +127,8 @@ struct Plan {
 
   const TokenBucket& bucket_for(int64_t tokens) const;
   const KernelPlan& kernel(std::string_view entry) const;
+  // The GEMM 1 (gemm1) or GEMM 2 kernel of one of this plan's buckets.
+  const KernelPlan& kernel_of(const TokenBucket& bucket, bool gemm1) const;
   // The index in `kernels` of the one kernel playing `role` (not Gemm1/Gemm2: see TokenBucket);
   // -1 when the plan has none (the quantize roles without w8a8).
   int kernel_index(KernelRole role) const;

@@ -66,15 +66,11 @@ Plan make_plan(const LayerSpec& spec, const std::string& arch, const std::vector
   if (quant) quantize = quantize_kernels(spec);
   if (quant) plan.kernels.push_back(quantize[0]);
   for (auto& b : plan.buckets) {
-    KernelPlan g1 = gemm_kernel(spec, true, b.gemm1);
-    b.gemm1_entry = g1.entry;
-    b.gemm1_kernel = add_once(plan.kernels, std::move(g1));
+    b.gemm1_kernel = add_once(plan.kernels, gemm_kernel(spec, true, b.gemm1));
   }
   if (quant) plan.kernels.push_back(quantize[1]);
   for (auto& b : plan.buckets) {
-    KernelPlan g2 = gemm_kernel(spec, false, b.gemm2);
-    b.gemm2_entry = g2.entry;
-    b.gemm2_kernel = add_once(plan.kernels, std::move(g2));
+    b.gemm2_kernel = add_once(plan.kernels, gemm_kernel(spec, false, b.gemm2));
   }
   plan.kernels.push_back(combine_kernel(spec));
   for (auto& k : plan.kernels)

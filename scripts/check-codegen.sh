@@ -44,7 +44,9 @@ head_bin="$head_build/moejit"
 
 # The cases: one line each, the dump-source arguments after --preset.
 cases=()
-presets="mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v2-lite deepseek-v3 kimi-k2 qwen3-next-80b-a3b glm-4.5-air"
+# Every preset the base knows (its refusal of an unknown name lists them).
+presets="$({ "$base_build/moejit" dump-source --preset '?' 2>&1 || true; } | sed -n 's/.*allowed values: //p' | tr -d ',')"
+[ -n "$presets" ] || { echo "check-codegen: could not read the base's preset names" >&2; exit 2; }
 for preset in $presets; do
   for arch in sm_80 sm_90a; do
     cases+=("$preset --arch $arch")

@@ -70,12 +70,12 @@ TEST(LayerCall, EachStepRunsItsBucketsKernelWithTheLaunchRulesGrid) {
           break;
         case R::RouteIndex: EXPECT_EQ(step.grid.x, 1); break;
         case R::Gemm1:
-          EXPECT_EQ(k.entry, bucket.gemm1_entry);
+          EXPECT_EQ(step.kernel, bucket.gemm1_kernel);
           EXPECT_EQ(step.grid.x, call.row_tiles * ((c.local_intermediate() + per - 1) / per));
           EXPECT_EQ(step.grid.y, 1);
           break;
         case R::Gemm2:
-          EXPECT_EQ(k.entry, bucket.gemm2_entry);
+          EXPECT_EQ(step.kernel, bucket.gemm2_kernel);
           EXPECT_EQ(step.grid.x, call.row_tiles * ((c.hidden + per - 1) / per));
           break;
         case R::Combine:

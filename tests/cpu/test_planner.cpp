@@ -39,8 +39,11 @@ TEST(Planner, EveryKernelIsInExactlyOneUnitWithAUniqueName) {
       EXPECT_EQ(entries.size(), planned.size()) << name;
       for (const auto& e : planned) EXPECT_EQ(entries.count(e), 1u) << e;
       for (const auto& b : plan.buckets) {
-        EXPECT_EQ(planned.count(b.gemm1_entry), 1u);
-        EXPECT_EQ(planned.count(b.gemm2_entry), 1u);
+        // Each bucket's kernel indices point at the kernels of its tiles.
+        EXPECT_EQ(plan.kernel_of(b, true).entry, gemm_kernel(c, true, b.gemm1).entry);
+        EXPECT_EQ(plan.kernel_of(b, false).entry, gemm_kernel(c, false, b.gemm2).entry);
+        EXPECT_EQ(plan.kernel_of(b, true).role, KernelRole::Gemm1);
+        EXPECT_EQ(plan.kernel_of(b, false).role, KernelRole::Gemm2);
       }
     }
   }
@@ -174,9 +177,9 @@ TEST(Planner, TileOverridesReplaceThePlannersTiles) {
   EXPECT_EQ(describe(prefill.gemm1), "128x64x64 (tensor-core, 4 stages, 2x4 warps)");
   EXPECT_EQ(describe(prefill.gemm2), "128x128x64 (tensor-core, 2 stages, 2x2 warps)");
   EXPECT_EQ(describe(plan.bucket_for(1).gemm2), "16x64x32 (simt)");
-  EXPECT_NO_THROW(plan.kernel(prefill.gemm2_entry));
-  EXPECT_EQ(plan.kernel(prefill.gemm2_entry).launch.threads, 128);
-  EXPECT_EQ(plan.kernel(prefill.gemm2_entry).launch.shared_bytes, 2 * (128 + 128) * 128 + 128 * 8);
+  EXPECT_NO_THROW(plan.kernel_of(prefill, false));
+  EXPECT_EQ(plan.kernel_of(prefill, false).launch.threads, 128);
+  EXPECT_EQ(plan.kernel_of(prefill, false).launch.shared_bytes, 2 * (128 + 128) * 128 + 128 * 8);
   // The workspace is sized for the shortest row tile any override may ask for (16).
   EXPECT_GE(workspace_offsets(c, 100).total_bytes - workspace_offsets(c, 100).tile_expert,
             max_row_tiles(c, 100, 16) * 4);
@@ -266,7 +269,7 @@ TEST(Planner, WideBucketHoldsTheRowBand) {
   EXPECT_EQ(describe(wide.gemm2), "192x192x64 (wgmma, 4 stages)");
   EXPECT_EQ(describe(deepseek.bucket_for(3918).gemm2), "128x256x64 (wgmma, 4 stages)");
   EXPECT_EQ(describe(deepseek.bucket_for(5319).gemm2), "128x256x64 (wgmma, 4 stages)");
-  const KernelPlan& g1 = deepseek.kernel(wide.gemm1_entry);
+  const KernelPlan& g1 = deepseek.kernel_of(wide, true);
   EXPECT_EQ(g1.launch.threads, 512);  // three consumer warpgroups and the producer
   EXPECT_EQ(g1.launch.shared_bytes, 4 * (192 + 192) * 128 + 192 * 8 + 4 * 16 + 1024);
   MoeConfig gelu = preset("deepseek-v3");
@@ -289,12 +292,12 @@ TEST(Planner, WgmmaTilesKeepTheirShapeInTheKernelPlan) {
   Plan plan = make_plan(c, "sm_90a", parse_tile_overrides("mid.gemm1=wg:64x64x64:s6, mid.gemm2=wg:64x128x64:s3"));
   const TokenBucket& mid = plan.bucket_for(256);
   EXPECT_EQ(describe(mid.gemm1), "64x64x64 (wgmma, 6 stages)");
-  const KernelPlan& g1 = plan.kernel(mid.gemm1_entry);
+  const KernelPlan& g1 = plan.kernel_of(mid, true);
   EXPECT_EQ(g1.device_function, "moejit::grouped_gemm_wgmma");
   EXPECT_EQ(g1.launch.threads, 256);  // a consumer warpgroup per 64 rows, one producer warpgroup
   EXPECT_EQ(g1.launch.per_block, 64);
   EXPECT_EQ(g1.launch.shared_bytes, 6 * (64 + 128) * 128 + 64 * 8 + 6 * 16 + 1024);
-  const KernelPlan& prefill_g2 = plan.kernel(plan.bucket_for(4096).gemm2_entry);
+  const KernelPlan& prefill_g2 = plan.kernel_of(plan.bucket_for(4096), false);
   EXPECT_EQ(prefill_g2.launch.threads, 384);
   EXPECT_EQ(prefill_g2.launch.shared_bytes, 4 * (128 + 256) * 128 + 128 * 8 + 4 * 16 + 1024);
 }
