@@ -80,7 +80,7 @@ void dump_source(const ConfigOptions& inputs, const std::string& arch_flag, cons
     }
   }
   if (!printed)
-    throw InvalidInput(fmt::format("stage: this layer has no '{}' stage (w8a8 adds 'expand')", stage_name));
+    throw InvalidInput(fmt::format("stage: this layer has no '{}' stage (the quantized layers add 'expand')", stage_name));
 }
 
 // `compile --autotune`: times tile candidates on device 0 and stores the winners (autotune.h).

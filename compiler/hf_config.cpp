@@ -316,17 +316,34 @@ void map_quant(const Keys& k, const json& obj, MoeConfig& c) {
   Keys qk(q, k.path("quantization_config."), k.family());
   std::string method = qk.string("quant_method");
   const std::string hint = "; to read only the layer shape, override quant (e.g. quant=none)";
-  if (method.starts_with("fp8")) {
-    // set_field owns the wording of the fp8 refusal; add where the value came from.
-    try {
-      set_field(c, "quant", method);
-    } catch (const InvalidInput& e) {
-      k.fail(fmt::format("key '{}': {}{}", qk.path("quant_method"), e.what(), hint));
+  if (method == "fp8") {
+    // transformers' FineGrainedFP8Config: e4m3 weights, a scale per weight_block_size block (absent
+    // or null: one per matrix), activations quantized at run time ("dynamic").
+    const std::string fmt_name = qk.string("fmt", "e4m3");
+    if (fmt_name != "e4m3")
+      k.fail(fmt::format("key '{}' is '{}'; moejit reads float8_e4m3fn checkpoints (allowed: e4m3){}",
+                         qk.path("fmt"), fmt_name, hint));
+    const std::string scheme = qk.string("activation_scheme", "dynamic");
+    if (scheme != "dynamic")
+      k.fail(fmt::format("key '{}' is '{}'; moejit quantizes activations at run time (allowed: dynamic){}",
+                         qk.path("activation_scheme"), scheme, hint));
+    if (!qk.has("weight_block_size")) {
+      c.quant = Quant::Fp8Tensor;
+      return;
     }
-    return;  // not reached while fp8 is refused; kept so that accepting fp8 later needs no edit here
+    const json& block = q.at("weight_block_size");
+    const bool is_128 = block.is_array() && block.size() == 2 && block[0].is_number_integer() &&
+                        block[1].is_number_integer() && block[0].get<int64_t>() == kFp8BlockSize &&
+                        block[1].get<int64_t>() == kFp8BlockSize;
+    if (!is_128)
+      k.fail(fmt::format("key '{}' is {}; moejit reads fp8 blocks of [128, 128] (DeepSeek-V3's) or one scale "
+                         "per matrix (no weight_block_size){}",
+                         qk.path("weight_block_size"), short_dump(block), hint));
+    c.quant = Quant::Fp8Block;
+    return;
   }
-  k.fail(fmt::format("key '{}' is '{}', which moejit does not read; moejit reads unquantized "
-                     "checkpoints (fp8 is not yet supported){}",
+  k.fail(fmt::format("key '{}' is '{}', which moejit does not read; moejit reads unquantized and fp8 "
+                     "(quant_method fp8) checkpoints{}",
                      qk.path("quant_method"), method, hint));
 }
 

@@ -65,10 +65,10 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
       add_role(KernelRole::IndexCount);
       add_role(KernelRole::IndexScatter);
     }
-    const bool w8a8 = c.quant == Quant::W8A8Int8;
-    if (w8a8) add_role(KernelRole::QuantizeExpand);
+    const bool quantized = is_quantized(c.quant);
+    if (quantized) add_role(KernelRole::QuantizeExpand);
     add(KernelRole::Gemm1, call.bucket->gemm1_kernel);
-    if (w8a8) add_role(KernelRole::QuantizeAct);
+    if (quantized) add_role(KernelRole::QuantizeAct);
     add(KernelRole::Gemm2, call.bucket->gemm2_kernel);
     add_role(KernelRole::Combine);
   }

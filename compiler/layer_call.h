@@ -20,11 +20,13 @@ namespace moejit {
 struct LayerInputs {
   const void* hidden = nullptr;          // [T, H] dtype
   const void* router_logits = nullptr;   // [T, E] router_dtype
-  const void* w13 = nullptr;             // [E_loc, N1, H] (layout nk) or [E_loc, H, N1] (kn); int8 for w8a8
-  const void* w2 = nullptr;              // [E_loc, H, I] (nk) or [E_loc, I, H] (kn); int8 for w8a8
+  const void* w13 = nullptr;             // [E_loc, N1, H] (layout nk) or [E_loc, H, N1] (kn); int8 for
+                                         // w8a8, float8_e4m3fn for fp8
+  const void* w2 = nullptr;              // [E_loc, H, I] (nk) or [E_loc, I, H] (kn); int8 / e4m3 as w13
   const float* e_score_correction_bias = nullptr;  // [E]; required for topk_method noaux_tc
-  const float* w13_scale = nullptr;      // [E_loc, N1]; w8a8
-  const float* w2_scale = nullptr;       // [E_loc, H]; w8a8
+  // The scales of a quantized layer, shaped as quant_tensor_shapes() says (compiler/moe_config.h):
+  const float* w13_scale = nullptr;      // w8a8 [E_loc, N1]; fp8_block [E_loc, ceil(N1/128), ceil(H/128)]; fp8_tensor [E_loc]
+  const float* w2_scale = nullptr;       // w8a8 [E_loc, H]; fp8_block [E_loc, ceil(H/128), ceil(I/128)]; fp8_tensor [E_loc]
   const float* input_smooth = nullptr;   // [E, H]; w8a8
   const float* act_smooth = nullptr;     // [E_loc, I]; w8a8
   const void* residual = nullptr;        // [T, H] dtype, optional (shared experts' output)
@@ -64,7 +66,8 @@ struct CallPlan {
 };
 
 // The launches `entry` makes for `tokens` (> 0) tokens: routing and index fused into one launch for
-// small batches, the bucket's GEMMs, w8a8's quantizations; grids by each kernel's launch rule.
+// small batches, the bucket's GEMMs, the quantized layers' quantizations; grids by each kernel's
+// launch rule.
 CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens);
 
 // Every buffer of one call. topk_weights / topk_ids: the caller's outputs (Route), the workspace's

@@ -42,7 +42,10 @@ const EnumNames<TopkMethod> kMethod{{{TopkMethod::Greedy, "greedy"},
 const EnumNames<Activation> kActivation{
     {{Activation::Silu, "silu"}, {Activation::Gelu, "gelu"}, {Activation::GeluTanh, "gelu_tanh"}}};
 const EnumNames<DType> kDType{{{DType::BF16, "bf16"}, {DType::FP16, "fp16"}, {DType::FP32, "fp32"}}};
-const EnumNames<Quant> kQuant{{{Quant::None, "none"}, {Quant::W8A8Int8, "w8a8_int8"}}};
+const EnumNames<Quant> kQuant{{{Quant::None, "none"},
+                               {Quant::W8A8Int8, "w8a8_int8"},
+                               {Quant::Fp8Block, "fp8_block"},
+                               {Quant::Fp8Tensor, "fp8_tensor"}}};
 const EnumNames<WeightLayout> kLayout{{{WeightLayout::NK, "nk"}, {WeightLayout::KN, "kn"}}};
 
 template <typename Enum>
@@ -135,12 +138,7 @@ const std::vector<Field>& fields() {
       MOEJIT_ENUM_FIELD(dtype, kDType, parse_dtype("dtype", v)),
       MOEJIT_ENUM_FIELD(router_dtype, kDType, parse_dtype("router_dtype", v)),
       Field{"quant", false, [](const MoeConfig& c) { return std::string(kQuant.name(c.quant)); },
-            [](MoeConfig& c, std::string_view v) {
-              if (v.starts_with("fp8") || v.starts_with("w8a8_fp8"))
-                throw InvalidInput(fmt::format(
-                    "quant: '{}' is not yet supported by moejit; allowed values: {}", v, kQuant.allowed()));
-              c.quant = parse_enum(kQuant, "quant", v);
-            }},
+            [](MoeConfig& c, std::string_view v) { c.quant = parse_enum(kQuant, "quant", v); }},
       MOEJIT_INT_FIELD(ep_size, parse_int32),
       Field{"ep_rank", true, [](const MoeConfig& c) { return fmt::format("{}", c.ep_rank); },
             [](MoeConfig& c, std::string_view v) { c.ep_rank = parse_int32("ep_rank", v); }},
@@ -269,9 +267,26 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
   }
   check(c.n_shared_experts >= 0,
         fmt::format("n_shared_experts: {} is out of range; allowed >= 0", c.n_shared_experts));
-  check(!(c.quant == Quant::W8A8Int8 && c.dtype == DType::FP32),
-        "quant: w8a8_int8 needs dtype bf16 or fp16 (the activations it quantizes); dtype is fp32");
+  check(!(is_quantized(c.quant) && c.dtype == DType::FP32),
+        fmt::format("quant: {} needs dtype bf16 or fp16 (the activations it quantizes); dtype is fp32",
+                    to_string(c.quant)));
+  check(!(is_fp8(c.quant) && c.weight_layout != WeightLayout::NK),
+        fmt::format("weight_layout: {} is not allowed with quant {}; fp8 checkpoints and their block scales "
+                    "are in the nk layout (allowed: nk)",
+                    to_string(c.weight_layout), to_string(c.quant)));
   return errors;
+}
+
+QuantTensorShapes quant_tensor_shapes(const LayerSpec& c) {
+  const int64_t e_loc = c.local_experts(), n1 = c.gemm1_rows(), h = c.hidden, i = c.local_intermediate();
+  auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
+  switch (c.quant) {
+    case Quant::None: return {};
+    case Quant::W8A8Int8: return {{e_loc, n1}, {e_loc, h}, {c.experts, h}, {e_loc, i}};
+    case Quant::Fp8Block: return {{e_loc, blocks(n1), blocks(h)}, {e_loc, blocks(h), blocks(i)}, {}, {}};
+    case Quant::Fp8Tensor: return {{e_loc}, {e_loc}, {}, {}};
+  }
+  return {};
 }
 
 void validate(const MoeConfig& config) {

@@ -16,7 +16,12 @@ enum class Scoring { Softmax, Sigmoid };
 enum class TopkMethod { Greedy, GroupLimitedGreedy, NoauxTc };
 enum class Activation { Silu, Gelu, GeluTanh };
 enum class DType { BF16, FP16, FP32 };
-enum class Quant { None, W8A8Int8 };
+// How the expert weights are quantized (SPEC.md "Quantized experts"):
+//   W8A8Int8   int8 weights with per-channel scales, smoothed activations quantized per row
+//   Fp8Block   float8_e4m3fn weights with a scale per 128 x 128 block (DeepSeek-V3's checkpoints),
+//              activations quantized per row and 128-column group
+//   Fp8Tensor  float8_e4m3fn weights with one scale per expert matrix, activations per row
+enum class Quant { None, W8A8Int8, Fp8Block, Fp8Tensor };
 // How w13/w2 are stored. NK: [E, N, K] with K (the reduction dim) contiguous, as Hugging Face
 // and vLLM store them (w13 [E, 2I, H]); KN: [E, K, N], the transpose.
 enum class WeightLayout { NK, KN };
@@ -28,6 +33,14 @@ std::string_view to_string(DType v);
 std::string_view to_string(Quant v);
 std::string_view to_string(WeightLayout v);
 int dtype_bytes(DType v);
+
+inline bool is_fp8(Quant q) { return q == Quant::Fp8Block || q == Quant::Fp8Tensor; }
+// Whether the expert weights are 8-bit (int8 or e4m3) and the activations quantized on the fly.
+inline bool is_quantized(Quant q) { return q != Quant::None; }
+
+// The edge of fp8 block scaling: a scale covers 128 weight rows x 128 columns and an activation
+// scale 128 columns of one row.
+constexpr int64_t kFp8BlockSize = 128;
 
 // Everything the generated code is specialized on: every field reaches codegen and the cache keys,
 // so every rank of a parallel group shares one plan, one source and one binary.
@@ -58,6 +71,23 @@ struct LayerSpec {
 
   bool operator==(const LayerSpec&) const = default;
 };
+
+// The scale and smoothing tensors of a quantized layer (SPEC.md "Quantized experts"), fp32, as
+// shapes (N1 = gemm1_rows()); an empty shape: the layer takes no such tensor.
+//   w8a8_int8   w13_scale [E_loc, N1], w2_scale [E_loc, H] (per output channel),
+//               input_smooth [E, H], act_smooth [E_loc, I]
+//   fp8_block   w13_scale [E_loc, ceil(N1/128), ceil(H/128)], w2_scale [E_loc, ceil(H/128), ceil(I/128)]
+//   fp8_tensor  w13_scale [E_loc], w2_scale [E_loc]
+struct QuantTensorShapes {
+  std::vector<int64_t> w13_scale, w2_scale, input_smooth, act_smooth;
+};
+QuantTensorShapes quant_tensor_shapes(const LayerSpec& spec);
+
+// The activation scales of one row of a `cols`-column GEMM operand: one per 128-column group for
+// fp8_block, one per row otherwise (int8, fp8_tensor).
+inline int64_t activation_scale_groups(const LayerSpec& spec, int64_t cols) {
+  return spec.quant == Quant::Fp8Block ? (cols + kFp8BlockSize - 1) / kFp8BlockSize : 1;
+}
 
 // Where this process's share of the layer sits in its parallel groups. Run-time arguments only:
 // nothing here reaches codegen or a cache key.

@@ -26,8 +26,9 @@ enum class KernelRole {
   IndexCount,      // stage 2, first kernel: per-block expert counts
   IndexScatter,    // stage 2, second kernel: offsets, positions, tile schedule
   RouteIndex,      // stages 1 and 2 in one single-block launch (small batches)
-  QuantizeExpand,  // w8a8 stage 3: gather, smooth, quantize hidden rows
-  QuantizeAct,     // w8a8: re-quantize GEMM 1's output for GEMM 2
+  QuantizeExpand,  // quantized stage 3: w8a8 gathers, smooths, quantizes hidden rows; fp8
+                   // quantizes each token's row (GEMM 1 gathers)
+  QuantizeAct,     // quantized: re-quantize GEMM 1's fp32 output for GEMM 2
   Gemm1,           // stage 4 with the activation (one kernel per distinct tile)
   Gemm2,           // stage 5
   Combine,         // stage 6
@@ -130,7 +131,7 @@ struct Plan {
   // The GEMM 1 (gemm1) or GEMM 2 kernel of one of this plan's buckets.
   const KernelPlan& kernel_of(const TokenBucket& bucket, bool gemm1) const;
   // The index in `kernels` of the one kernel playing `role` (not Gemm1/Gemm2: see TokenBucket);
-  // -1 when the plan has none (the quantize roles without w8a8).
+  // -1 when the plan has none (the quantize roles of an unquantized layer).
   int kernel_index(KernelRole role) const;
   std::vector<std::string> unit_names() const;  // in first-use order
 };

@@ -61,7 +61,7 @@ Plan make_plan(const LayerSpec& spec, const std::string& arch, const std::vector
   plan.kernels.push_back(routing_kernel(spec));
   for (auto& k : index_kernels(spec)) plan.kernels.push_back(std::move(k));
   plan.kernels.push_back(route_index_kernel(spec));
-  const bool quant = spec.quant == Quant::W8A8Int8;
+  const bool quant = is_quantized(spec.quant);
   std::vector<KernelPlan> quantize;
   if (quant) quantize = quantize_kernels(spec);
   if (quant) plan.kernels.push_back(quantize[0]);

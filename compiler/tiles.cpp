@@ -93,11 +93,11 @@ std::vector<std::pair<TileShape, TileShape>> tile_candidates(const LayerSpec& c,
   if (bm == 64 || bm == 128) {
     const int halves = c.gated ? 2 : 1;
     for (auto [weight_rows, stages] : {std::pair{256, 4}, {128, 6}, {128, 3}, {256, 3}})
-      add(wgmma_tile(bm, weight_rows / halves, stages), wgmma_tile(bm, weight_rows, stages));
+      add(wgmma_tile(c, bm, weight_rows / halves, stages), wgmma_tile(c, bm, weight_rows, stages));
     // Three consumer warpgroups: a 192 x 192 tile moves 11% fewer bytes per multiply-add through L2
     // than 128 x 256, and an expert whose rows just pass a multiple of 128 needs no extra row tile
     // that streams its whole weight slice again for a few rows.
-    if (bm == 128) add(wgmma_tile(192, 192 / halves, 4), wgmma_tile(192, 192, 4));
+    if (bm == 128) add(wgmma_tile(c, 192, 192 / halves, 4), wgmma_tile(c, 192, 192, 4));
   }
   return out;
 }
@@ -124,8 +124,9 @@ std::vector<TileOverride> parse_tile_overrides(std::string_view text, std::strin
     if (fields[0] == "simt" && fields.size() == 2) {
       o.tile.kernel = GemmKernel::Simt;
     } else if (fields[0] == "wg" && fields.size() == 3 && fields[2].starts_with("s")) {
-      o.tile = wgmma_tile(o.tile.bm, o.tile.bn, parse_int(fields[2].substr(1), source, entry));
-      o.tile.bk = parse_int(dims[2], source, entry);
+      // A consumer warpgroup per 64 rows and the producer warpgroup (wgmma_tile); BK as given.
+      o.tile = {GemmKernel::Wgmma, o.tile.bm, o.tile.bn, o.tile.bk, o.tile.bm / 16 + 4, 1,
+                parse_int(fields[2].substr(1), source, entry)};
     } else if (fields[0] == "tc" && fields.size() == 4 && fields[2].starts_with("s") && fields[3].starts_with("w")) {
       o.tile.kernel = GemmKernel::TensorCore;
       o.tile.stages = parse_int(fields[2].substr(1), source, entry);

@@ -41,6 +41,16 @@ void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
     add("act_f32", pairs * inter * 4, "[T*K, I] fp32", &W::act_f32);
     add("act_q", pairs * inter, "[T*K, I] int8", &W::act_q);
     add("act_scale", pairs * 4, "[T*K] fp32", &W::act_scale);
+  } else if (is_fp8(c.quant)) {
+    // fp8 quantizes each token's hidden row once (no per-expert smoothing), GEMM 1 gathers it.
+    const int64_t hidden_groups = activation_scale_groups(c, c.hidden);
+    const int64_t act_groups = activation_scale_groups(c, inter);
+    const bool block = c.quant == Quant::Fp8Block;
+    add("a_q", tokens * c.hidden, "[T, H] e4m3", &W::a_q);
+    add("a_scale", tokens * hidden_groups * 4, block ? "[T, ceil(H/128)] fp32" : "[T] fp32", &W::a_scale);
+    add("act_f32", pairs * inter * 4, "[T*K, I] fp32", &W::act_f32);
+    add("act_q", pairs * inter, "[T*K, I] e4m3", &W::act_q);
+    add("act_scale", pairs * act_groups * 4, block ? "[T*K, ceil(I/128)] fp32" : "[T*K] fp32", &W::act_scale);
   } else {
     add("act", pairs * inter * elem, "[T*K, I] model dtype", &W::act);
   }

@@ -28,9 +28,13 @@ TensorMap encode_weight_map(const void* w, const WeightMapShape& s, const char* 
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(s.k * 2), static_cast<cuuint64_t>(s.n * s.k * 2)};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(s.box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
+  // 8-bit weights travel as pairs of bytes (the zero fill is bytes of zero either way).
+  const CUtensorMapDataType type = s.byte_pairs           ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                   : s.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map;
   const CUresult r = cuda_driver().tensor_map_encode_tiled(
-      &map, s.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      &map, type, 3,
       const_cast<void*>(w), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check_cuda(r, fmt::format("{}: cuTensorMapEncodeTiled ([{}][{}][{}], box 64 x {})", name, s.planes, s.n, s.k,

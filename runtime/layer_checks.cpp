@@ -35,9 +35,11 @@ WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, cons
   check_pointer(in.w13, "w13", 16);
   check_pointer(in.w2, "w2", 16);
   check_pointer(output, "output", 16);
-  if (c.quant == Quant::W8A8Int8) {
+  if (is_quantized(c.quant)) {
     check_pointer(in.w13_scale, "w13_scale", 4);
     check_pointer(in.w2_scale, "w2_scale", 4);
+  }
+  if (c.quant == Quant::W8A8Int8) {
     check_pointer(in.input_smooth, "input_smooth", 4);
     check_pointer(in.act_smooth, "act_smooth", 4);
   }

@@ -14,7 +14,12 @@ extern "C" {
 
 typedef struct moejit_layer moejit_layer;
 
-/* Device pointers of one call; SPEC.md gives the shapes. Unused entries are NULL. */
+/* Device pointers of one call; SPEC.md gives the shapes. Unused entries are NULL.
+ * w13/w2 are int8 for quant w8a8_int8 and float8_e4m3fn for fp8_block / fp8_tensor.
+ * w13_scale, w2_scale (fp32): every quantized layer; w8a8_int8 per output channel ([E_loc, N1],
+ * [E_loc, H]), fp8_block per 128 x 128 block ([E_loc, ceil(N1/128), ceil(H/128)],
+ * [E_loc, ceil(H/128), ceil(I/128)]), fp8_tensor one per matrix ([E_loc], [E_loc]).
+ * input_smooth [E, H], act_smooth [E_loc, I] (fp32): w8a8_int8 only. */
 typedef struct moejit_inputs {
   const void* hidden;
   const void* router_logits;

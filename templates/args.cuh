@@ -38,16 +38,17 @@ struct RouteIndexArgs {
   int route;                 // 0: the routing is given, index only
 };
 
-// Stage 3 (w8a8) and the re-quantization after GEMM 1: per-row smoothed int8 quantization.
+// Stage 3 and the re-quantization after GEMM 1: per-row smoothed int8 quantization (w8a8), or
+// fp8 quantization per row and 128-column group (fp8_block) or per row (fp8_tensor).
 struct QuantizeArgs {
   const void* src;           // expand: hidden [T, H] (model dtype); requant: act [M, I] fp32
   const int* sorted_pair;    // [M]
   const int* topk_ids;       // [T*K] (the global expert of each row)
   const int* expert_offsets; // [E_loc + 1] (rows beyond [E_loc] are not local)
   int expert_begin;
-  const float* smooth;       // expand: input_smooth [E, H]; requant: act_smooth [E_loc, I]
-  signed char* q;            // [M, cols]
-  float* scale;              // [M]
+  const float* smooth;       // w8a8 expand: input_smooth [E, H]; otherwise null
+  signed char* q;            // [rows, cols]: int8, or e4m3 bytes (fp8; expand rows are tokens)
+  float* scale;              // [rows, groups]: groups = ceil(cols / 128) for fp8_block, else 1
 };
 
 // A CUDA tensor map (cuda.h's CUtensorMap: 128 opaque bytes, 128-byte aligned), encoded by the host
@@ -58,12 +59,15 @@ struct alignas(128) TensorMap {
 
 // Stages 4 and 5: grouped GEMM over expert-sorted rows.
 struct GemmArgs {
-  const void* a;             // GEMM 1: hidden [T, H] (rows gathered) or int8 [M, H];
-                             // GEMM 2: act [M, I] (model dtype) or int8 [M, I]
-  const float* a_scale;      // w8a8: [M] per-row activation scale
+  const void* a;             // GEMM 1: hidden [T, H] (rows gathered), int8 [M, H] (w8a8) or
+                             // e4m3 [T, H] (fp8, rows gathered); GEMM 2: act [M, I] (model
+                             // dtype), int8 or e4m3 [M, I]
+  const float* a_scale;      // [rows of a, groups]: w8a8 and fp8_tensor one per row, fp8_block
+                             // one per 128 columns
   const int* sorted_pair;    // [M]: the gather of GEMM 1
   const void* w;             // [E_loc, N, K] (layout nk) or [E_loc, K, N] (layout kn)
-  const float* w_scale;      // w8a8: [E_loc, N] per output channel
+  const float* w_scale;      // w8a8: [E_loc, N] per output channel; fp8_block:
+                             // [E_loc, ceil(N/128), ceil(K/128)]; fp8_tensor: [E_loc]
   const float* act_smooth;   // w8a8 GEMM 1: [E_loc, I], applied before re-quantization
   void* out;                 // GEMM 1: act [M, I]; GEMM 2: Y [M, H]
   const int* tile_expert;
@@ -71,7 +75,8 @@ struct GemmArgs {
   const int* num_tiles;
   const int* expert_offsets;
   TensorMap w_map;           // wgmma kernels: w as a [E_loc * halves][N][K] tensor, box 64 x BN x 1,
-                             // 128-byte swizzle (the host fills it per call; others ignore it)
+                             // 128-byte swizzle (the host fills it per call; others ignore it);
+                             // 8-bit weights as pairs of bytes, box 128 x BN x 1
 };
 
 // Stage 6: weighted top-k sum in a fixed order.

@@ -10,12 +10,39 @@ namespace moejit {
 
 enum ActivationKind { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
 
+// How a GEMM's 8-bit operands are scaled back (SPEC.md "Quantized experts"):
+//   kNoScaling          16-bit operands
+//   kRowChannelScaling  w8a8 int8: acc * a_scale[row] * w_scale[expert][column] after the K loop
+//   kTensorScaling      fp8_tensor: acc * a_scale[row] * w_scale[expert] after the K loop
+//   kBlockScaling       fp8_block: every 128-deep K block's partial sum times
+//                       a_scale[row][block] * w_scale[expert][row block][block]
+enum ScalingKind { kNoScaling = 0, kRowChannelScaling = 1, kTensorScaling = 2, kBlockScaling = 3 };
+
+// A float8_e4m3fn value as stored (1 sign bit, 4 exponent bits biased by 7, 3 mantissa bits, no
+// infinities, 0x7f / 0xff NaN). A type of moejit's own, so kernels that only move or widen fp8 bytes
+// need no cuda_fp8.h; fp8.cuh converts to it.
+struct e4m3 {
+  unsigned char bits;
+};
+
 constexpr float kFloatMax = 3.402823466e+38f;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(signed char v) { return static_cast<float>(v); }
+// Exact: every e4m3 value is a float (exponent e - 7 + 127; the subnormals are m * 2^-9).
+__device__ __forceinline__ float to_float(e4m3 v) {
+  const unsigned e = (v.bits >> 3) & 15u, m = v.bits & 7u;
+  float magnitude;
+  if (e == 15u && m == 7u)
+    magnitude = __int_as_float(0x7fc00000);
+  else if (e == 0u)
+    magnitude = static_cast<float>(m) * 0.001953125f;
+  else
+    magnitude = __int_as_float(static_cast<int>(((e + 120u) << 23) | (m << 20)));
+  return (v.bits & 0x80u) ? -magnitude : magnitude;
+}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
@@ -35,6 +62,7 @@ __device__ __forceinline__ int widen(signed char v) { return v; }
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(e4m3 v) { return to_float(v); }
 
 // SPEC.md stage 1: NaN -> -FLT_MAX, +inf -> +FLT_MAX, -inf -> -FLT_MAX, so every later step
 // works on finite numbers whatever the caller's logits hold.

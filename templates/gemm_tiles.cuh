@@ -41,6 +41,8 @@ __device__ __forceinline__ void store_pair(T* at, float x, float y) {
   static_assert(sizeof(T) == 2, "16-bit outputs");
   *reinterpret_cast<unsigned*>(at) = bits_of(from_float<T>(x)) | bits_of(from_float<T>(y)) << 16;
 }
+// Two adjacent fp32 outputs (at: 8-byte aligned): a quantized GEMM 1's activation.
+__device__ __forceinline__ void store_pair(float* at, float x, float y) { *reinterpret_cast<float2*>(at) = make_float2(x, y); }
 
 // The (row tile, column tile) of this block in a 1-D grid of max_row_tiles * col_tiles blocks,
 // in groups of GROUP_ROWS row tiles: within a group the row tile runs fastest, so the row tiles of

@@ -14,8 +14,13 @@
 //   kGather: A rows are hidden[sorted_pair[p] / kTopk] (GEMM 1 on unquantized input)
 //   kTopk
 //   kLayoutNK: W is [E_loc, rows, kK] (else [E_loc, kK, rows]); rows = kGated ? 2*kN : kN
-//   kQuant: int8 A and W; dequantize with a_scale[p] * w_scale[e, n]; GEMM 1 then multiplies by
-//           act_smooth[e, n] and stores fp32 for re-quantization
+//   kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows:
+//     kRowChannelScaling: int8 A and W (Acc int); dequantize with a_scale[p] * w_scale[e, n]; GEMM 1
+//       then multiplies by act_smooth[e, n] and stores fp32 for re-quantization
+//     kTensorScaling, kBlockScaling: e4m3 A and W, dequantized as they are loaded: A's element k of
+//       source row r times a_scale[r][k / kScaleCols], weight row n's element k times
+//       w_scale[e][n / kScaleRows][k / kScaleCols] (kScaleCols 128 or K, kScaleRows 128 or every
+//       row); GEMM 1 stores fp32 for re-quantization
 #pragma once
 
 #include "moejit/common.cuh"
@@ -54,6 +59,22 @@ __device__ void grouped_gemm(const GemmArgs& args) {
     a_row[threadIdx.x] = src;
   }
 
+  constexpr bool INT8 = Spec::kScaling == kRowChannelScaling;  // scaled in the epilogue
+  constexpr bool FP8 = Spec::kScaling == kTensorScaling || Spec::kScaling == kBlockScaling;
+  constexpr long long SCALE_COLS = FP8 ? Spec::kScaleCols : 1, SCALE_ROWS = FP8 ? Spec::kScaleRows : 1;
+  constexpr long long A_GROUPS = (K + SCALE_COLS - 1) / SCALE_COLS;               // scales per A row
+  constexpr long long W_BLOCKS = (W_ROWS + SCALE_ROWS - 1) / SCALE_ROWS * A_GROUPS;  // per expert
+  // fp8: the dequantized element k of A's source row `src` / of weight row `wrow`.
+  auto a_value = [&](long long src, long long k) -> Acc {
+    if constexpr (FP8) return widen(a[src * K + k]) * args.a_scale[src * A_GROUPS + k / SCALE_COLS];
+    else return widen(a[src * K + k]);
+  };
+  auto w_value = [&](long long at, long long wrow, long long k) -> Acc {
+    if constexpr (FP8)
+      return widen(w[at]) * args.w_scale[expert * W_BLOCKS + wrow / SCALE_ROWS * A_GROUPS + k / SCALE_COLS];
+    else return widen(w[at]);
+  };
+
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   Acc acc[HALVES][TM][TN];
 #pragma unroll
@@ -70,7 +91,7 @@ __device__ void grouped_gemm(const GemmArgs& args) {
       const int m = idx / BK, k = idx % BK;
       const long long src = a_row[m];
       Acc v = Acc(0);
-      if (src >= 0 && k0 + k < K) v = widen(a[src * K + k0 + k]);
+      if (src >= 0 && k0 + k < K) v = a_value(src, k0 + k);
       a_tile[k][m] = v;
     }
     // W tiles: gate rows n (and up rows N + n).
@@ -89,7 +110,7 @@ __device__ void grouped_gemm(const GemmArgs& args) {
         if (n0 + n < N && k0 + k < K) {
           const long long wrow = row_base + n0 + n;
           const long long at = Spec::kLayoutNK ? wrow * K + (k0 + k) : (k0 + k) * W_ROWS + wrow;
-          v = widen(w[at]);
+          v = w_value(at, wrow, k0 + k);
         }
         w_tile[half][k][n] = v;
       }
@@ -116,22 +137,22 @@ __device__ void grouped_gemm(const GemmArgs& args) {
   for (int i = 0; i < TM; ++i) {
     const long long p = row0 + ty + 16 * i;
     if (p >= row_end) continue;
-    const float a_scale = Spec::kQuant ? args.a_scale[p] : 1.0f;
+    const float a_scale = INT8 ? args.a_scale[p] : 1.0f;
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
       const long long n = n0 + tx + 16 * j;
       if (n >= N) continue;
       float gate = static_cast<float>(acc[0][i][j]);
-      if constexpr (Spec::kQuant) gate *= a_scale * args.w_scale[expert * W_ROWS + n];
+      if constexpr (INT8) gate *= a_scale * args.w_scale[expert * W_ROWS + n];
       float v;
       if constexpr (Spec::kGemm1) {
         v = activate<Spec::kAct>(gate);
         if constexpr (Spec::kGated) {
           float up = static_cast<float>(acc[HALVES - 1][i][j]);
-          if constexpr (Spec::kQuant) up *= a_scale * args.w_scale[expert * W_ROWS + N + n];
+          if constexpr (INT8) up *= a_scale * args.w_scale[expert * W_ROWS + N + n];
           v *= up;
         }
-        if constexpr (Spec::kQuant) v *= args.act_smooth[expert * N + n];
+        if constexpr (INT8) v *= args.act_smooth[expert * N + n];
       } else {
         v = gate;
       }

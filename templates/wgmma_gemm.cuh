@@ -1,5 +1,6 @@
 // Stages 4 and 5 on Hopper's warpgroup MMA (sm_90a only): the grouped GEMM of grouped_gemm.cuh,
-// C[p, n] = sum_k A[p, k] * W[e, n, k], for bf16/fp16 operands in the nk layout, fp32 accumulate.
+// C[p, n] = sum_k A[p, k] * W[e, n, k], for bf16/fp16 operands in the nk layout, fp32 accumulate,
+// and for the quantized layers' 8-bit operands (below).
 // For row tiles of 64, 128 and 192 (the mid and prefill buckets; 192 in the "wide" one), where
 // mma.sync's register-fed tensor cores top out near 45% of the H200's matmul rate.
 //
@@ -19,13 +20,27 @@
 // GEMM 2 stores Y in sorted order for the fixed-order combine. Grid: as mma_gemm.cuh (1-D,
 // grouped rasterization; blocks past *num_tiles exit).
 //
+// 8-bit operands (int8 for w8a8, e4m3 for fp8): a stage is the same 128 bytes deep, so 128
+// elements (one fp8 scale block) instead of 64; the producer copies rows as pairs of bytes and the
+// TMA maps the weights so (the pipeline is the 16-bit one, byte for byte); the wgmma is k32
+// (e4m3 x e4m3 -> f32, s8 x s8 -> s32). int8 and fp8_tensor scale the sums once, in the epilogue:
+// a_scale[row] times w_scale[e][column] (int8) or w_scale[e] (fp8_tensor). fp8_block scales every
+// K block: each k-tile's wgmmas start a fresh partial sum (scale-d off), and once they are done its
+// a_scale[row][kt] * w_scale[e][row block][kt] multiply it into a running fp32 sum in registers
+// (a second accumulator set, so at most 128 weight rows), as DeepGEMM does; meanwhile the other
+// consumer warpgroup keeps the tensor cores busy. GEMM 1 of a quantized layer stores fp32 (the
+// activation, times act_smooth for int8) for the re-quantization; GEMM 2 stores the model dtype.
+//
 // Spec:
-//   using A, W, Out (one 16-bit type: __nv_bfloat16 or __half)
+//   using A, W (one type: __nv_bfloat16, __half, signed char or moejit::e4m3), Out (the model's
+//   16-bit type, or float for a quantized GEMM 1)
 //   kBM (64, 128 or 192: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer
 //   warps and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
 //   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128, 192 or 256, at most 192 when kBM is
-//   192), kBK = 64, kStages >= 2, kGroupRows
-//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait (as mma_gemm.cuh)
+//   192, at most 128 with kBlockScaling), kBK = 64 (16-bit) or 128 (8-bit), kStages >= 2, kGroupRows
+//   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait (as
+//   mma_gemm.cuh)
+//   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
 //   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
 #pragma once
@@ -66,6 +81,13 @@
 #define MOEJIT_WGMMA_F64(i) MOEJIT_WGMMA_F32(i), MOEJIT_WGMMA_F32(i + 32)
 #define MOEJIT_WGMMA_F96(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F32(i + 64)
 #define MOEJIT_WGMMA_F128(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F64(i + 64)
+// The same for int32 accumulators (s8 x s8).
+#define MOEJIT_WGMMA_R8(i) \
+  "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
+#define MOEJIT_WGMMA_R32(i) MOEJIT_WGMMA_R8(i), MOEJIT_WGMMA_R8(i + 8), MOEJIT_WGMMA_R8(i + 16), MOEJIT_WGMMA_R8(i + 24)
+#define MOEJIT_WGMMA_R64(i) MOEJIT_WGMMA_R32(i), MOEJIT_WGMMA_R32(i + 32)
+#define MOEJIT_WGMMA_R96(i) MOEJIT_WGMMA_R64(i), MOEJIT_WGMMA_R32(i + 64)
+#define MOEJIT_WGMMA_R128(i) MOEJIT_WGMMA_R64(i), MOEJIT_WGMMA_R64(i + 64)
 
 namespace moejit {
 namespace wgmma_detail {
@@ -89,6 +111,27 @@ MOEJIT_WGMMA_OP(128, 64, 64, 65, 66, "f16", __half)
 MOEJIT_WGMMA_OP(192, 96, 96, 97, 98, "f16", __half)
 MOEJIT_WGMMA_OP(256, 128, 128, 129, 130, "f16", __half)
 #undef MOEJIT_WGMMA_OP
+
+// 8-bit operands, K = 32: D[64 x N] (+)= A[64 x 32] * B[N x 32]^T; `accumulate` false overwrites D
+// (scale-d): fp8_block starts each K block's partial sum so.
+#define MOEJIT_WGMMA_OP8(N, FLOATS, A_ARG, B_ARG, ONE_ARG, PTX_TYPES, SCALES, C_TYPE, D_TYPE, D_REGS)             \
+  __device__ __forceinline__ void mma_async(D_TYPE(&d)[FLOATS], unsigned long long a, unsigned long long b,      \
+                                            const C_TYPE*, bool accumulate = true) {                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ONE_ARG ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32." PTX_TYPES " " MOEJIT_WGMMA_D##N ", %" #A_ARG      \
+                 ", %" #B_ARG ", p" SCALES ";\n}\n"                                                             \
+                 : D_REGS##FLOATS(0)                                                                            \
+                 : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));                                         \
+  }
+MOEJIT_WGMMA_OP8(64, 32, 32, 33, 34, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
+MOEJIT_WGMMA_OP8(128, 64, 64, 65, 66, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
+MOEJIT_WGMMA_OP8(192, 96, 96, 97, 98, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
+MOEJIT_WGMMA_OP8(256, 128, 128, 129, 130, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
+MOEJIT_WGMMA_OP8(64, 32, 32, 33, 34, "s32.s8.s8", "", signed char, int, MOEJIT_WGMMA_R)
+MOEJIT_WGMMA_OP8(128, 64, 64, 65, 66, "s32.s8.s8", "", signed char, int, MOEJIT_WGMMA_R)
+MOEJIT_WGMMA_OP8(192, 96, 96, 97, 98, "s32.s8.s8", "", signed char, int, MOEJIT_WGMMA_R)
+MOEJIT_WGMMA_OP8(256, 128, 128, 129, 130, "s32.s8.s8", "", signed char, int, MOEJIT_WGMMA_R)
+#undef MOEJIT_WGMMA_OP8
 
 // Matrix descriptor (PTX ISA, "shared memory matrix layout") of a K-major tile of 64-element rows
 // in the 128-byte swizzle layout: 8-row groups 1024 bytes apart (stride byte offset), the leading
@@ -173,6 +216,48 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[FLOATS]) {
 #pragma unroll
   for (int i = 0; i < FLOATS; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int FLOATS>
+__device__ __forceinline__ void fence_accumulators(int (&d)[FLOATS]) {
+#pragma unroll
+  for (int i = 0; i < FLOATS; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// The 16-bit unit the pipeline copies and maps: the element itself, or a pair of 8-bit elements.
+template <typename T>
+struct PipelineUnit {
+  using type = T;
+};
+template <>
+struct PipelineUnit<signed char> {
+  using type = unsigned short;
+};
+template <>
+struct PipelineUnit<e4m3> {
+  using type = unsigned short;
+};
+
+// The accumulator of a product: int32 for s8 x s8, fp32 otherwise.
+template <typename T>
+struct Accumulator {
+  using type = float;
+};
+template <>
+struct Accumulator<signed char> {
+  using type = int;
+};
+
+// A spec's 8-bit scaling constants (grouped_gemm.cuh), or none for 16-bit operands, whose specs
+// do not name them.
+template <typename Spec, bool EIGHT_BIT>
+struct Scaling {
+  static constexpr int kind = kNoScaling;
+  static constexpr long long cols = 1, rows = 1;
+};
+template <typename Spec>
+struct Scaling<Spec, true> {
+  static constexpr int kind = Spec::kScaling;
+  static constexpr long long cols = Spec::kScaleCols, rows = Spec::kScaleRows;
+};
 
 }  // namespace wgmma_detail
 
@@ -181,15 +266,24 @@ template <typename Spec>
 __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   using namespace wgmma_detail;
   using namespace tile;
-  using T = typename Spec::A;
-  constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK, STAGES = Spec::kStages;
+  using Operand = typename Spec::A;                     // what the wgmma multiplies
+  using T = typename PipelineUnit<Operand>::type;       // what the pipeline copies: 16 bits
+  using Acc = typename Accumulator<Operand>::type;
+  using Out = typename Spec::Out;
+  constexpr bool EIGHT_BIT = sizeof(Operand) == 1;
+  constexpr int SCALING = Scaling<Spec, EIGHT_BIT>::kind;
+  constexpr bool BLOCK = SCALING == kBlockScaling;     // a running sum, scaled per K block
+  constexpr int ELEMENTS_PER_UNIT = static_cast<int>(sizeof(T) / sizeof(Operand));
+  // BK and K below count pipeline units: a k-tile of 64 units is 128 bytes of a row.
+  constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK / ELEMENTS_PER_UNIT, STAGES = Spec::kStages;
   constexpr int CONSUMERS = BM / 64;            // consumer warpgroups; the producer comes after them
   constexpr int THREADS = 128 * (CONSUMERS + 1);
   constexpr int HALVES = Spec::kGated ? 2 : 1;  // gate rows, then up rows of the same columns
   constexpr int W_ROWS = HALVES * BN;           // the wgmma's N
   constexpr int FLOATS = W_ROWS / 2;            // accumulators per thread: 64 x W_ROWS over 128 threads
-  constexpr long long N = Spec::kN, K = Spec::kK;
-  constexpr int A_STAGE = BM * BK, W_STAGE = W_ROWS * BK;  // elements
+  constexpr long long N = Spec::kN, K = Spec::kK / ELEMENTS_PER_UNIT;
+  static_assert(Spec::kK % ELEMENTS_PER_UNIT == 0, "8-bit rows of whole byte pairs");
+  constexpr int A_STAGE = BM * BK, W_STAGE = W_ROWS * BK;  // units
   constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
   constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
   static_assert(BM == 64 || BM == 128 || BM == 192, "one to three consumer warpgroups of 64 rows");
@@ -197,9 +291,11 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   static_assert(W_ROWS == 64 || W_ROWS == 128 || W_ROWS == 192 || W_ROWS == 256, "wgmma N of 64, 128, 192 or 256");
   // Three consumer warpgroups make 512 threads, which leave 128 registers each: 96 accumulators fit.
   static_assert(CONSUMERS < 3 || W_ROWS <= 192, "BM 192 takes at most 192 weight rows");
-  static_assert(BK == 64, "the 128-byte swizzle holds 64-element rows");
+  static_assert(BK == 64, "the 128-byte swizzle holds 64-unit rows");
   static_assert(STAGES >= 2, "a ring of at least two stages");
-  static_assert(sizeof(T) == 2, "16-bit operands only");
+  static_assert(sizeof(T) == 2, "16-bit pipeline units");
+  static_assert(!BLOCK || (W_ROWS <= 128 && CONSUMERS <= 2), "fp8_block keeps two accumulator sets");
+  static_assert(!BLOCK || Spec::kBK == Scaling<Spec, EIGHT_BIT>::cols, "a k-tile is one scale block");
   static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 + 1024 <=
                     Spec::kSharedBytes,
                 "the launch's shared memory must hold the pipeline");
@@ -279,9 +375,35 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   // Consumers. (fence_shared_for_async below is for the A rows, which cp.async writes through the
   // generic proxy; the TMA's weights are in the async proxy already.)
   if (warpgroup >= consumers) return;
-  float acc[FLOATS];
+  // Thread (warp w of its warpgroup, lane l) holds rows 16 w + l / 4 and 8 more, columns
+  // 8 j + 2 (l % 4) and the next, of every 8-column group j: acc[4 j + 2 h + {0, 1}] for row half h.
+  // Gated: group j < BN / 8 is the gate of output columns 8 j.., group j + BN / 8 their up rows.
+  const int lane = threadIdx.x % 32;
+  const int row_base = warpgroup * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
+  // The source rows of this thread's two rows (-1: no row), for their activation scales (8-bit).
+  const long long source_row[2] = {EIGHT_BIT ? a_row[row_base] : -1, EIGHT_BIT ? a_row[row_base + 8] : -1};
+  // Scales per A row; weight scale blocks per expert (8-bit only).
+  constexpr long long SCALE_COLS = Scaling<Spec, EIGHT_BIT>::cols, SCALE_ROWS = Scaling<Spec, EIGHT_BIT>::rows;
+  constexpr long long A_GROUPS = (Spec::kK + SCALE_COLS - 1) / SCALE_COLS;
+  constexpr long long W_ROW_BLOCKS = (HALVES * N + SCALE_ROWS - 1) / SCALE_ROWS;
+
+  Acc acc[FLOATS];
+  float total[BLOCK ? FLOATS : 1];  // fp8_block: the running sum
 #pragma unroll
-  for (int i = 0; i < FLOATS; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < FLOATS; ++i) acc[i] = Acc(0);
+#pragma unroll
+  for (int i = 0; i < (BLOCK ? FLOATS : 1); ++i) total[i] = 0.0f;
+  // fp8_block: the weight rows of a half, from half * N + n0, meet at most one block edge (BN <= 128):
+  // columns below `edge` have row block first_block[half], the others the next one.
+  int first_block[HALVES], edge[HALVES];
+#pragma unroll
+  for (int h = 0; h < HALVES; ++h) {
+    const long long first_row = h * N + n0;
+    first_block[h] = static_cast<int>(first_row / SCALE_ROWS);
+    edge[h] = static_cast<int>((first_block[h] + 1) * SCALE_ROWS - first_row);
+  }
+  const float* w_block_scales = BLOCK ? args.w_scale + expert * W_ROW_BLOCKS * A_GROUPS : nullptr;
+
   const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp on "empty"
   int slot = 0, round = 0, previous = STAGES - 1;  // kt % STAGES, kt / STAGES, (kt - 1) % STAGES
   for (int kt = 0; kt < K_TILES; ++kt) {
@@ -292,38 +414,101 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     fence_accumulators(acc);
     fence();
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)  // 16 elements = 32 bytes along the swizzled rows
-      mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const T*>(nullptr));
+    for (int kk = 0; kk < BK / 16; ++kk) {  // 16 units = 32 bytes along the swizzled rows
+      if constexpr (EIGHT_BIT)
+        // fp8_block starts each k-tile's partial sum afresh; the others accumulate throughout.
+        mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const Operand*>(nullptr),
+                  !BLOCK || kk > 0);
+      else
+        mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const Operand*>(nullptr));
+    }
     commit();
-    wait<1>();  // the group of k-tile kt - 1 is done; kt's runs on
-    fence_accumulators(acc);
-    if (kt > 0 && arrives) barrier_arrive(empty + previous);
-    previous = slot;
+    if constexpr (BLOCK) {
+      // This k-tile's scales, read while its wgmmas run: the rows' activation scales and, per half,
+      // the weight scales of its (at most two) row blocks.
+      float row_scale[2], block_scale[HALVES][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        row_scale[h] = source_row[h] >= 0 ? __ldg(args.a_scale + source_row[h] * A_GROUPS + kt) : 0.0f;
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h) {
+        block_scale[h][0] = first_block[h] < W_ROW_BLOCKS ? __ldg(w_block_scales + first_block[h] * A_GROUPS + kt) : 0.0f;
+        block_scale[h][1] =
+            edge[h] < BN && first_block[h] + 1 < W_ROW_BLOCKS ? __ldg(w_block_scales + (first_block[h] + 1) * A_GROUPS + kt) : 0.0f;
+      }
+      wait<0>();  // k-tile kt's partial sums are complete, and its stage is read
+      fence_accumulators(acc);
+      if (arrives) barrier_arrive(empty + slot);
+#pragma unroll
+      for (int j = 0; j < W_ROWS / 8; ++j) {
+        const int half = j / (BN / 8), column = (j % (BN / 8)) * 8 + (lane % 4) * 2;
+        const float w_scale = column < edge[half] ? block_scale[half][0] : block_scale[half][1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float scale = row_scale[h] * w_scale;
+          total[4 * j + 2 * h] = fmaf(acc[4 * j + 2 * h], scale, total[4 * j + 2 * h]);
+          total[4 * j + 2 * h + 1] = fmaf(acc[4 * j + 2 * h + 1], scale, total[4 * j + 2 * h + 1]);
+        }
+      }
+    } else {
+      wait<1>();  // the group of k-tile kt - 1 is done; kt's runs on
+      fence_accumulators(acc);
+      if (kt > 0 && arrives) barrier_arrive(empty + previous);
+      previous = slot;
+    }
     if (++slot == STAGES) slot = 0, ++round;
   }
   wait<0>();
   fence_accumulators(acc);
 
-  // Epilogue. Thread (warp w of its warpgroup, lane l) holds rows 16 w + l / 4 and 8 more, columns
-  // 8 j + 2 (l % 4) and the next, of every 8-column group j: acc[4 j + 2 h + {0, 1}] for row half h.
-  // Gated: group j < BN / 8 is the gate of output columns 8 j.., group j + BN / 8 their up rows.
-  const int lane = threadIdx.x % 32;
-  const int row_base = warpgroup * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
-  T* out = static_cast<T*>(args.out);
-  // The value of accumulator pair (j, h), activated (and gated) for GEMM 1.
+  // Epilogue.
+  Out* out = static_cast<Out*>(args.out);
+  // int8 and fp8_tensor: the rows' activation scales and the expert's tensor scale.
+  float row_scale[2] = {1.0f, 1.0f};
+  if constexpr (SCALING == kRowChannelScaling || SCALING == kTensorScaling) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_scale[h] = source_row[h] >= 0 ? __ldg(args.a_scale + source_row[h]) : 0.0f;
+  }
+  float tensor_scale = 1.0f;
+  if constexpr (SCALING == kTensorScaling) tensor_scale = __ldg(args.w_scale + expert);
+  // The sum of accumulator 4 j + 2 h + e, scaled back for 8-bit operands (int8: by its column's
+  // channel scale, j's weight row being half * N + n0 + column).
+  auto sum = [&](int j, int h, int e) -> float {
+    const int i = 4 * j + 2 * h + e;
+    if constexpr (BLOCK) {
+      return total[i];
+    } else if constexpr (SCALING == kRowChannelScaling) {
+      const int half = j / (BN / 8);
+      const long long column = n0 + (j % (BN / 8)) * 8 + (lane % 4) * 2 + e;
+      const float channel = column < N ? __ldg(args.w_scale + (expert * HALVES + half) * N + column) : 0.0f;
+      return static_cast<float>(acc[i]) * row_scale[h] * channel;
+    } else if constexpr (SCALING == kTensorScaling) {
+      return acc[i] * row_scale[h] * tensor_scale;
+    } else {
+      return acc[i];
+    }
+  };
+  // The value of accumulator pair (j, h), activated (and gated) for GEMM 1 (int8: times act_smooth).
   auto output_pair = [&](int j, int h, float& x, float& y) {
-    x = acc[4 * j + 2 * h];
-    y = acc[4 * j + 2 * h + 1];
+    x = sum(j, h, 0);
+    y = sum(j, h, 1);
     if constexpr (Spec::kGemm1) {
       x = activate<Spec::kAct>(x);
       y = activate<Spec::kAct>(y);
       if constexpr (Spec::kGated) {
-        x *= acc[4 * (j + BN / 8) + 2 * h];
-        y *= acc[4 * (j + BN / 8) + 2 * h + 1];
+        x *= sum(j + BN / 8, h, 0);
+        y *= sum(j + BN / 8, h, 1);
+      }
+      if constexpr (SCALING == kRowChannelScaling) {
+        const long long column = n0 + j * 8 + (lane % 4) * 2;
+        if (column < N) {
+          x *= __ldg(args.act_smooth + expert * N + column);
+          y *= __ldg(args.act_smooth + expert * N + column + 1);
+        }
       }
     }
   };
-  if constexpr (N % 8 == 0) {
+  if constexpr (N % 8 == 0 && sizeof(Out) == 2) {
     // Through shared memory: a warp's direct stores would write 16 bytes into each of 8 rows, half
     // sectors that L2 merges one by one; staged, each thread stores 16 bytes and a warp covers
     // its rows' 2 BN contiguous bytes each (whole 128-byte lines when 2 N and 2 n0 are multiples of 128;
@@ -331,15 +516,15 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     // pipeline, whose last reads every working consumer has retired at the first barrier; rows are
     // PITCH elements apart, 16 bytes more than a row, so the pair stores of a warp hit 32 banks.
     constexpr int PITCH = BN + 8, CHUNKS = BN / 8;  // 16-byte chunks per row
-    static_assert(BM * PITCH * sizeof(T) <= static_cast<size_t>(STAGES) * (A_STAGE + W_STAGE) * sizeof(T),
+    static_assert(BM * PITCH * sizeof(Out) <= static_cast<size_t>(STAGES) * (A_STAGE + W_STAGE) * sizeof(T),
                   "the staged tile fits the pipeline's shared memory");
-    T* stage = a_smem;
+    Out* stage = reinterpret_cast<Out*>(a_smem);
     named_barrier_sync<1>(128 * consumers);  // every working consumer is done with the pipeline
     // The stage was last written by TMA (async proxy) and read by wgmma (async proxy, retired by
     // every consumer's wait above); the proxy fence orders those accesses before the generic-proxy
     // stores below (belt and braces: once per tile).
     fence_shared_for_async();
-    T* staged = stage + row_base * PITCH + (lane % 4) * 2;
+    Out* staged = stage + row_base * PITCH + (lane % 4) * 2;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll

@@ -17,25 +17,50 @@ constexpr int kGemmThreads = 256;
 constexpr int kGemmGroupRows = 8;
 
 // Dynamic shared memory of a tensor-core GEMM (mma_gemm.cuh, wgmma_gemm.cuh): kStages stages of
-// the 16-bit A and weight tiles (gated GEMM 1 holds 2 * BN weight rows), then one 8-byte source
-// row index per A row; wgmma also two 8-byte mbarriers per stage and 1024 bytes to align its tiles
-// to the swizzle period.
+// the A and weight tiles (gated GEMM 1 holds 2 * BN weight rows; BK elements of 2 or 1 bytes),
+// then one 8-byte source row index per A row; wgmma also two 8-byte mbarriers per stage and 1024
+// bytes to align its tiles to the swizzle period.
 int tensor_core_shared_bytes(const LayerSpec& c, bool gemm1, const TileShape& t) {
   const int weight_rows = (gemm1 && c.gated ? 2 : 1) * t.bn;
-  const int pipeline = t.stages * (t.bm + weight_rows) * t.bk * 2 + t.bm * 8;
+  const int pipeline = t.stages * (t.bm + weight_rows) * t.bk * operand_bytes(c) + t.bm * 8;
   return pipeline + (t.kernel == GemmKernel::Wgmma ? t.stages * 16 + 1024 : 0);
+}
+
+// The scaling the GEMM applies to its 8-bit operands (common.cuh's ScalingKind).
+std::string scaling_kind(const LayerSpec& c) {
+  switch (c.quant) {
+    case Quant::None: return "moejit::kNoScaling";
+    case Quant::W8A8Int8: return "moejit::kRowChannelScaling";
+    case Quant::Fp8Tensor: return "moejit::kTensorScaling";
+    case Quant::Fp8Block: return "moejit::kBlockScaling";
+  }
+  return "?";
+}
+
+// The device type of the GEMMs' 8-bit or 16-bit operands.
+std::string operand_type(const LayerSpec& c) {
+  if (c.quant == Quant::W8A8Int8) return "signed char";
+  if (is_fp8(c.quant)) return "moejit::e4m3";
+  return device_type(c.dtype);
 }
 
 }  // namespace
 
 bool wgmma_arch(const std::string& arch) { return arch == "sm_90a"; }
 
+int operand_bytes(const LayerSpec& c) { return is_quantized(c.quant) ? 1 : dtype_bytes(c.dtype); }
+
 bool tensor_core_eligible(const LayerSpec& c) {
-  return (c.dtype == DType::BF16 || c.dtype == DType::FP16) && c.quant == Quant::None &&
-         c.weight_layout == WeightLayout::NK && c.hidden % 8 == 0 && c.local_intermediate() % 8 == 0;
+  // Rows of H and I elements split into 16-byte chunks (8 16-bit or 16 8-bit elements).
+  const int chunk = 16 / operand_bytes(c);
+  return (c.dtype == DType::BF16 || c.dtype == DType::FP16) && c.weight_layout == WeightLayout::NK &&
+         c.hidden % chunk == 0 && c.local_intermediate() % chunk == 0;
 }
 
-TileShape wgmma_tile(int bm, int bn, int stages) { return {GemmKernel::Wgmma, bm, bn, 64, bm / 16 + 4, 1, stages}; }
+TileShape wgmma_tile(const LayerSpec& c, int bm, int bn, int stages) {
+  // BK: one 128-byte swizzled row, 64 16-bit or 128 8-bit elements (an fp8 scale block).
+  return {GemmKernel::Wgmma, bm, bn, 128 / operand_bytes(c), bm / 16 + 4, 1, stages};
+}
 
 std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, const std::string& arch) {
   const int halves = gemm1 && c.gated ? 2 : 1;
@@ -46,9 +71,14 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
     return {};
   }
   if (!tensor_core_eligible(c))
-    return "asks for tensor cores, which need bf16/fp16, no quantization, the nk layout and H, I multiples of 8";
+    return "asks for tensor cores, which need bf16/fp16 activations, the nk layout and rows of H and I in "
+           "16-byte chunks (multiples of 8 16-bit or 16 8-bit elements)";
   const int threads = 32 * t.warps_m * t.warps_n, weight_rows = halves * t.bn;
-  if (t.bk != 64) return "needs BK = 64";
+  const bool eight_bit = operand_bytes(c) == 1;
+  if (t.kernel == GemmKernel::TensorCore && eight_bit)
+    return "asks for mma.sync tiles, which take 16-bit operands; 8-bit weights run on wgmma (sm_90a) or SIMT";
+  if (t.bk * operand_bytes(c) != 128)
+    return eight_bit ? "needs BK = 128 (8-bit operands)" : "needs BK = 64";
   if (t.kernel == GemmKernel::Wgmma) {
     if (!wgmma_arch(arch)) return fmt::format("asks for wgmma, which needs arch sm_90a (the arch is {})", arch);
     if (t.bm != 64 && t.bm != 128 && t.bm != 192) return "needs BM 64, 128 or 192 (one warpgroup per 64 rows)";
@@ -56,6 +86,10 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
       return "needs (2 if gated GEMM 1) * BN of 64, 128, 192 or 256 (the wgmma N)";
     if (t.bm == 192 && weight_rows > 192)
       return "needs (2 if gated GEMM 1) * BN of at most 192 at BM 192 (512 threads leave 128 registers each)";
+    // fp8_block keeps a second accumulator set (the running sum beside each K block's partial).
+    if (c.quant == Quant::Fp8Block && (weight_rows > 128 || t.bm == 192))
+      return "needs (2 if gated GEMM 1) * BN of at most 128 and BM 64 or 128 with fp8_block (two accumulator "
+             "sets per thread)";
     if (t.stages < 2) return "needs at least 2 stages";
     if (t.warps_m != t.bm / 16 + 4 || t.warps_n != 1) return "needs warps (bm/16 + 4) x 1";
     if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";
@@ -71,7 +105,7 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
 }
 
 KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
-  const bool quant = c.quant == Quant::W8A8Int8;
+  const bool int8 = c.quant == Quant::W8A8Int8, quantized = is_quantized(c.quant);
   const bool tensor_core = tile.kernel != GemmKernel::Simt;
   const bool wgmma = tile.kernel == GemmKernel::Wgmma;
   const int64_t n = gemm1 ? c.local_intermediate() : c.hidden;
@@ -88,11 +122,18 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
     k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
   k.unit = "experts";
   k.args_type = "moejit::GemmArgs";
-  // GEMM 1 reads hidden rows through the gather unless w8a8 quantized them into sorted order.
-  std::string a_type = quant ? "signed char" : device_type(c.dtype);
-  // w8a8 GEMM 1 stores fp32 for the re-quantization; everything else stores the model dtype.
-  std::string out_type = (quant && gemm1) ? "float" : device_type(c.dtype);
+  // GEMM 1 gathers hidden rows (fp8: the tokens' quantized rows) unless w8a8 quantized them into
+  // sorted order.
+  const std::string a_type = operand_type(c);
+  const bool gather = gemm1 && !int8;
+  // A quantized GEMM 1 stores fp32 for the re-quantization; everything else stores the model dtype.
+  const std::string out_type = (quantized && gemm1) ? "float" : device_type(c.dtype);
   const bool gated = gemm1 && c.gated;
+  // fp8 scale blocks: columns per activation and weight scale (128, or K: one per row / matrix)
+  // and weight rows per weight scale (128, or every row).
+  const int64_t w_rows = gated ? 2 * n : n;
+  const int64_t scale_cols = c.quant == Quant::Fp8Block ? kFp8BlockSize : k_len;
+  const int64_t scale_rows = c.quant == Quant::Fp8Block ? kFp8BlockSize : w_rows;
   if (tensor_core) {
     const int threads = 32 * tile.warps_m * tile.warps_n;
     const int shared = tensor_core_shared_bytes(c, gemm1, tile);
@@ -115,10 +156,15 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
         {"bool", "kGemm1", boolean(gemm1)},
         {"bool", "kGated", boolean(gated)},
         {"int", "kAct", act_kind(c.activation)},
-        {"bool", "kGather", boolean(gemm1)},
+        {"bool", "kGather", boolean(gather)},
         {"int", "kTopk", std::to_string(c.topk)},
         {"bool", "kWeightsBeforeWait", boolean(!gemm1)},
     };
+    if (quantized) {
+      k.spec.push_back({"int", "kScaling", scaling_kind(c)});
+      k.spec.push_back({"long long", "kScaleCols", std::to_string(scale_cols)});
+      k.spec.push_back({"long long", "kScaleRows", std::to_string(scale_rows)});
+    }
     k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared, n};
     // GEMM 2's schedule and weights come from kernels two or more launches back, so it starts its
     // weight copies while GEMM 1 (the kernel before it) still runs (kWeightsBeforeWait).
@@ -131,9 +177,9 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
   k.header = "moejit/grouped_gemm.cuh";
   k.spec = {
       {"using", "A", a_type},
-      {"using", "W", quant ? "signed char" : device_type(c.dtype)},
+      {"using", "W", a_type},
       {"using", "Out", out_type},
-      {"using", "Acc", quant ? "int" : "float"},
+      {"using", "Acc", int8 ? "int" : "float"},
       {"int", "kBM", std::to_string(tile.bm)},
       {"int", "kBN", std::to_string(tile.bn)},
       {"int", "kBK", std::to_string(tile.bk)},
@@ -143,10 +189,12 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
       {"bool", "kGemm1", boolean(gemm1)},
       {"bool", "kGated", boolean(gated)},
       {"int", "kAct", act_kind(c.activation)},
-      {"bool", "kGather", boolean(gemm1 && !quant)},
+      {"bool", "kGather", boolean(gather)},
       {"int", "kTopk", std::to_string(c.topk)},
       {"bool", "kLayoutNK", boolean(c.weight_layout == WeightLayout::NK)},
-      {"bool", "kQuant", boolean(quant)},
+      {"int", "kScaling", scaling_kind(c)},
+      {"long long", "kScaleCols", std::to_string(scale_cols)},
+      {"long long", "kScaleRows", std::to_string(scale_rows)},
   };
   k.launch = {GridRule::RowTilesByColumns, kGemmThreads, tile.bn, 0, n};
   return k;
@@ -159,21 +207,26 @@ int64_t max_row_tiles(const LayerSpec& c, int64_t tokens, int bm) {
 }
 
 WeightMapShape weight_map_shape(const LayerSpec& c, bool gemm1, const TileShape& tile) {
-  if (gemm1) return {c.dtype, int64_t{c.local_experts()} * (c.gated ? 2 : 1), c.local_intermediate(), c.hidden, tile.bn};
-  return {c.dtype, c.local_experts(), c.hidden, c.local_intermediate(), tile.bn};
+  // 8-bit weights as pairs of bytes: the map's k is the row's bytes / 2 (H and I are multiples of 16).
+  const int per_unit = 2 / operand_bytes(c);
+  const bool pairs = per_unit == 2;
+  if (gemm1)
+    return {c.dtype, pairs, int64_t{c.local_experts()} * (c.gated ? 2 : 1), c.local_intermediate(), c.hidden / per_unit,
+            tile.bn};
+  return {c.dtype, pairs, c.local_experts(), c.hidden, c.local_intermediate() / per_unit, tile.bn};
 }
 
 GemmArgs gemm1_args(const CallContext& x) {
   const CallBuffers& b = x.buffers;
   const WorkspaceOffsets& o = b.offsets;
-  const bool w8a8 = x.spec.quant == Quant::W8A8Int8;
-  return GemmArgs{w8a8 ? b.at<char>(o.a_q) : b.in.hidden,
+  const bool quantized = is_quantized(x.spec.quant);
+  return GemmArgs{quantized ? b.at<char>(o.a_q) : b.in.hidden,
                   b.at<float>(o.a_scale),
                   b.at<int>(o.sorted_pair),
                   b.in.w13,
                   b.in.w13_scale,
-                  b.in.act_smooth,
-                  w8a8 ? b.at<char>(o.act_f32) : b.at<char>(o.act),
+                  x.spec.quant == Quant::W8A8Int8 ? b.in.act_smooth : nullptr,
+                  quantized ? b.at<char>(o.act_f32) : b.at<char>(o.act),
                   b.at<int>(o.tile_expert),
                   b.at<int>(o.tile_row),
                   b.at<int>(o.num_tiles),
@@ -184,8 +237,8 @@ GemmArgs gemm1_args(const CallContext& x) {
 GemmArgs gemm2_args(const CallContext& x) {
   const CallBuffers& b = x.buffers;
   const WorkspaceOffsets& o = b.offsets;
-  const bool w8a8 = x.spec.quant == Quant::W8A8Int8;
-  return GemmArgs{w8a8 ? b.at<char>(o.act_q) : b.at<char>(o.act),
+  const bool quantized = is_quantized(x.spec.quant);
+  return GemmArgs{quantized ? b.at<char>(o.act_q) : b.at<char>(o.act),
                   b.at<float>(o.act_scale),
                   b.at<int>(o.sorted_pair),
                   b.in.w2,

@@ -3,7 +3,9 @@
 // chosen per tile (TileShape::kernel):
 //   Simt        templates/grouped_gemm.cuh  any dtype, layout, quantization and shape
 //   TensorCore  templates/mma_gemm.cuh      mma.sync + cp.async: bf16/fp16, nk layout, H and I multiples of 8
-//   Wgmma       templates/wgmma_gemm.cuh    as TensorCore, sm_90a: warpgroup MMA, weights by TMA
+//   Wgmma       templates/wgmma_gemm.cuh    sm_90a: warpgroup MMA, weights by TMA; bf16/fp16 as
+//                                           TensorCore, and 8-bit weights (int8, fp8) with H and I
+//                                           multiples of 16
 // This file holds what the variants need from the host: legality, shared memory, the kernel plan,
 // the grid bound, the weight tensor map's shape and the argument packing.
 #pragma once
@@ -22,13 +24,17 @@ constexpr int kMinRowTile = 16;
 // Whether `arch` runs the warpgroup-MMA GEMMs (wgmma is sm_90a-specific).
 bool wgmma_arch(const std::string& arch);
 
-// The tensor-core variants need 16-bit operands, the nk layout (k contiguous, as mma's B operand
-// wants) and rows that split into 16-byte chunks.
+// Bytes of a GEMM operand element: 1 for the quantized layers (int8, e4m3), else the dtype's.
+int operand_bytes(const LayerSpec& spec);
+
+// The tensor-core variants need bf16/fp16 activations, the nk layout (k contiguous, as the MMAs'
+// B operand wants) and rows that split into 16-byte chunks. (mma.sync tiles further need 16-bit
+// operands: tile_problem.)
 bool tensor_core_eligible(const LayerSpec& spec);
 
 // A wgmma tile: a consumer warpgroup per 64 rows and one producer warpgroup
-// (warps_m = bm / 16 + 4 warps in one column).
-TileShape wgmma_tile(int bm, int bn, int stages);
+// (warps_m = bm / 16 + 4 warps in one column), BK one 128-byte row (64 or 128 elements).
+TileShape wgmma_tile(const LayerSpec& spec, int bm, int bn, int stages);
 
 // Why `tile` cannot run GEMM 1 (gemm1) or GEMM 2 of `spec` on `arch`, or empty when it can.
 std::string tile_problem(const LayerSpec& spec, bool gemm1, const TileShape& tile, const std::string& arch);
@@ -42,9 +48,11 @@ int64_t max_row_tiles(const LayerSpec& spec, int64_t tokens, int bm);
 
 // The tensor map through which a wgmma GEMM loads its weight tiles (TMA): the weights as a
 // [planes][n][k] tensor of 16-bit elements (planes = local experts x halves), box 64 (k) x
-// box_rows x 1, 128-byte swizzle. The runtime encodes it (cuTensorMapEncodeTiled) per call.
+// box_rows x 1, 128-byte swizzle. 8-bit weights are mapped as pairs of bytes (byte_pairs: k is
+// half the row's elements). The runtime encodes it (cuTensorMapEncodeTiled) per call.
 struct WeightMapShape {
   DType dtype;
+  bool byte_pairs;
   int64_t planes, n, k;
   int box_rows;
 };

@@ -12,21 +12,43 @@ constexpr int kQuantizeThreads = 256;
 }  // namespace
 
 std::vector<KernelPlan> quantize_kernels(const LayerSpec& c) {
+  const bool fp8 = is_fp8(c.quant);
   std::vector<KernelPlan> out;
   auto make = [&](bool expand) {
     KernelPlan k;
     k.stage = expand ? Stage::Expand : Stage::Gemm1;
     k.role = expand ? KernelRole::QuantizeExpand : KernelRole::QuantizeAct;
     const int64_t cols = expand ? c.hidden : c.local_intermediate();
-    k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}_e{}_{}", cols, c.topk, c.local_experts(),
-                                   to_string(c.dtype))
-                     : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.local_experts());
+    if (fp8) {
+      // "fp8_block" / "fp8_tensor" in the names: the two group sizes are different kernels.
+      k.entry = expand ? fmt::format("moejit_quantize_tokens_h{}_{}_{}", cols, to_string(c.quant), to_string(c.dtype))
+                       : fmt::format("moejit_quantize_act_i{}_e{}_{}", cols, c.local_experts(), to_string(c.quant));
+    } else {
+      k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}_e{}_{}", cols, c.topk, c.local_experts(),
+                                     to_string(c.dtype))
+                       : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.local_experts());
+    }
     k.unit = "quantize";
-    k.device_function = "moejit::quantize_rows";
+    k.device_function = fp8 ? "moejit::quantize_fp8_rows" : "moejit::quantize_rows";
     k.args_type = "moejit::QuantizeArgs";
     k.header = "moejit/quantize.cuh";
+    const std::string src = expand ? spec_text::device_type(c.dtype) : "float";
+    if (fp8) {
+      const int64_t group = c.quant == Quant::Fp8Block ? kFp8BlockSize : cols;
+      k.spec = {
+          {"using", "Src", src},
+          {"long long", "kCols", std::to_string(cols)},
+          {"long long", "kGroupCols", std::to_string(group)},
+          {"int", "kThreads", std::to_string(kQuantizeThreads)},
+          {"int", "kLocalExperts", std::to_string(c.local_experts())},
+          {"bool", "kSorted", spec_text::boolean(!expand)},
+      };
+      // Stage 3 quantizes a token's row once; the re-quantization a sorted row (pair) each.
+      k.launch = {expand ? GridRule::TokensPerBlock : GridRule::SortedRows, kQuantizeThreads, 1};
+      return k;
+    }
     k.spec = {
-        {"using", "Src", expand ? spec_text::device_type(c.dtype) : "float"},
+        {"using", "Src", src},
         {"int", "kCols", std::to_string(cols)},
         {"int", "kThreads", std::to_string(kQuantizeThreads)},
         {"int", "kTopk", std::to_string(c.topk)},
@@ -49,7 +71,7 @@ QuantizeArgs quantize_expand_args(const CallContext& x) {
                       b.topk_ids,
                       b.at<int>(o.expert_offsets),
                       first_local_expert(x.spec, x.placement),
-                      b.in.input_smooth,
+                      x.spec.quant == Quant::W8A8Int8 ? b.in.input_smooth : nullptr,
                       b.at<signed char>(o.a_q),
                       b.at<float>(o.a_scale)};
 }

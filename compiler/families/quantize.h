@@ -1,6 +1,9 @@
-// The quantize family (templates/quantize.cuh, w8a8 only): per-row smoothed int8 quantization,
-// once as SPEC.md stage 3 (gather hidden rows into expert-sorted order, smooth, quantize) and once
-// between the GEMMs (re-quantize GEMM 1's fp32 output). One template, two kernels.
+// The quantize family (templates/quantize.cuh): the activation quantizations of the quantized
+// layers, once as SPEC.md stage 3 and once between the GEMMs (GEMM 1's fp32 output for GEMM 2).
+//   w8a8_int8: quantize_rows, per expert-sorted row with the row's smoothing (stage 3 gathers
+//              hidden rows into sorted order: a block per pair)
+//   fp8:       quantize_fp8_rows, per 128-column group (fp8_block) or row (fp8_tensor); stage 3
+//              quantizes each token's row once (a block per token; GEMM 1 gathers)
 #pragma once
 
 #include <vector>
@@ -10,12 +13,12 @@
 
 namespace moejit {
 
-// {quantize_expand, quantize_act}; one block per expert-sorted row.
+// {quantize_expand, quantize_act}.
 std::vector<KernelPlan> quantize_kernels(const LayerSpec& spec);
 
-// Stage 3: hidden -> a_q, a_scale (input_smooth of each row's expert).
+// Stage 3: hidden -> a_q, a_scale (w8a8: input_smooth of each row's expert).
 QuantizeArgs quantize_expand_args(const CallContext& context);
-// After GEMM 1: act_f32 -> act_q, act_scale (act_smooth was applied by GEMM 1).
+// After GEMM 1: act_f32 -> act_q, act_scale (w8a8: act_smooth was applied by GEMM 1).
 QuantizeArgs quantize_act_args(const CallContext& context);
 
 }  // namespace moejit

@@ -54,9 +54,13 @@ inline std::string act_kind(Activation a) {
   return "?";
 }
 
-// "bf16" or "w8a8_bf16": the data types in entry names and the plan's first line.
+// "bf16", "w8a8_bf16" or "fp8_block_bf16": the data types in entry names and the plan's first line.
 inline std::string data_tag(const LayerSpec& c) {
-  return c.quant == Quant::W8A8Int8 ? fmt::format("w8a8_{}", to_string(c.dtype)) : std::string(to_string(c.dtype));
+  switch (c.quant) {
+    case Quant::None: return std::string(to_string(c.dtype));
+    case Quant::W8A8Int8: return fmt::format("w8a8_{}", to_string(c.dtype));
+    default: return fmt::format("{}_{}", to_string(c.quant), to_string(c.dtype));
+  }
 }
 
 }  // namespace moejit::spec_text

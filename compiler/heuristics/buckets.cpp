@@ -22,9 +22,11 @@ std::vector<TokenBucket> plan_buckets(const LayerSpec& c, const std::string& arc
   std::vector<BucketRange> ranges = {{BucketKind::Decode, 1, 32, kDecodeTokens, kDecodeTokens},
                                      {BucketKind::Mid, 33, 512, kMidTokens, kMidTokens},
                                      {BucketKind::Prefill, 513, kLast, kPrefillTokens, kPrefillTokens}};
-  const bool tensor_core = tensor_core_eligible(c);
+  const bool eight_bit = operand_bytes(c) == 1;
+  // 8-bit weights take tensor cores through wgmma only (mma.sync tiles are 16-bit): SIMT elsewhere.
+  const bool tensor_core = tensor_core_eligible(c) && (!eight_bit || wgmma_arch(arch));
   const bool wgmma = tensor_core && wgmma_arch(arch);
-  if (wgmma) {
+  if (wgmma && !eight_bit) {
     std::vector<BucketRange> prefill = sm90_prefill_ranges(c);
     if (!prefill.empty()) {
       ranges.pop_back();
@@ -39,7 +41,9 @@ std::vector<TokenBucket> plan_buckets(const LayerSpec& c, const std::string& arc
     b.min_tokens = r.min;
     b.max_tokens = r.max;
     b.tuned_tokens = r.tuned;
-    if (wgmma && bm >= 64) {
+    if (wgmma && eight_bit) {
+      sm90_8bit_tiles(c, bm, b);
+    } else if (wgmma && bm >= 64) {
       sm90_tiles(c, bm, r.wide, b);
     } else if (tensor_core) {
       const bool decode = r.kind == BucketKind::Decode;

@@ -45,6 +45,8 @@ std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& spec);
 std::pair<int64_t, int64_t> wide_row_band(const LayerSpec& spec, int64_t from);
 // The wgmma tiles of a bucket with row tile bm (64 or 128), or 192 rows when `wide`.
 void sm90_tiles(const LayerSpec& spec, int bm, bool wide, TokenBucket& bucket);
+// The wgmma tiles of a bucket with row tile bm (any; 64 at least) for 8-bit weights.
+void sm90_8bit_tiles(const LayerSpec& spec, int bm, TokenBucket& bucket);
 
 // sm80.cpp. The mma.sync tile for row tile height bm (the decode bucket takes its own).
 TileShape tensor_core_tile(const LayerSpec& spec, int bm, bool gemm1, bool decode_bucket);

@@ -60,12 +60,27 @@ std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& c) {
 // tile, T=256 0.98 -> 0.83 ms. The "wide" bucket: 192 x 192, 4 stages (195 KiB).
 void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
   if (wide) {
-    b.gemm1 = wgmma_tile(192, c.gated ? 96 : 192, 4);
-    b.gemm2 = wgmma_tile(192, 192, 4);
+    b.gemm1 = wgmma_tile(c, 192, c.gated ? 96 : 192, 4);
+    b.gemm2 = wgmma_tile(c, 192, 192, 4);
   } else {
-    b.gemm1 = wgmma_tile(bm, c.gated ? 128 : 256, 4);
-    b.gemm2 = wgmma_tile(bm, 256, 4);
+    b.gemm1 = wgmma_tile(c, bm, c.gated ? 128 : 256, 4);
+    b.gemm2 = wgmma_tile(c, bm, 256, 4);
   }
+}
+
+// 8-bit weights (int8, fp8), every bucket: row tiles of at least 64 (a wgmma is 64 rows; decode
+// pays the padding rows in tensor-core time, not in weight bytes). A stage of 128-row tiles is
+// 128 bytes deep like the 16-bit ones, holding a whole fp8 scale block. fp8_block keeps a running
+// sum beside each K block's partial sum, so its tiles take 128 weight rows (64 + 64 accumulators
+// per thread); int8 and fp8_tensor scale once after the K loop and take the 16-bit tiles' 256.
+// Stages fill about 200 KiB of shared memory. (First choice; bench/RESULTS.md has the
+// measurements.)
+void sm90_8bit_tiles(const LayerSpec& c, int bm, TokenBucket& b) {
+  bm = std::max(bm, 64);
+  const int weight_rows = c.quant == Quant::Fp8Block ? 128 : 256;
+  const int stages = std::min(8, 200 * 1024 / ((bm + weight_rows) * 128));
+  b.gemm1 = wgmma_tile(c, bm, c.gated ? weight_rows / 2 : weight_rows, stages);
+  b.gemm2 = wgmma_tile(c, bm, weight_rows, stages);
 }
 
 }  // namespace moejit::heuristics

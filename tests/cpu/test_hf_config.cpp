@@ -75,7 +75,8 @@ struct FixtureCase {
   FieldOverrides overrides;
 };
 
-// The fp8 checkpoints (DeepSeek-V3, Kimi-K2 publish fp8 weights) are read as the bf16 layer.
+// The fp8 checkpoints (DeepSeek-V3, Kimi-K2 publish fp8 weights) are compared with the bf16
+// presets; Fp8CheckpointsReadAsFp8Block reads them as they are.
 const std::vector<FixtureCase>& fixture_cases() {
   static const std::vector<FixtureCase> cases = {
       {"mixtral-8x7b", "mixtral-8x7b", {}},
@@ -109,14 +110,39 @@ TEST(HfConfig, EveryPresetHasAFixture) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), name), covered.end()) << name;
 }
 
-TEST(HfConfig, Fp8CheckpointsAreRefusedWithoutAnOverride) {
+TEST(HfConfig, Fp8CheckpointsReadAsFp8Block) {
   for (const char* model : {"deepseek-v3", "kimi-k2"}) {
     SCOPED_TRACE(model);
-    std::string path = hf_fixture(model);
-    expect_invalid([&] { load_config_file(path); },
-                   {path, "quantization_config.quant_method", "quant: 'fp8' is not yet supported",
-                    "quant=none"});
+    MoeConfig got = load_config_file(hf_fixture(model));
+    EXPECT_EQ(got.quant, Quant::Fp8Block);
+    got.quant = Quant::None;
+    EXPECT_EQ(got, preset(model)) << describe(got);
   }
+}
+
+TEST(HfConfig, Fp8QuantizationConfigVariants) {
+  json j = read_json(hf_fixture("qwen3-30b-a3b"));
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}},
+                              {"activation_scheme", "dynamic"}};
+  EXPECT_EQ(config_from_hf_json(j).quant, Quant::Fp8Block);
+  // No block size (absent or null): one scale per matrix.
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}};
+  EXPECT_EQ(config_from_hf_json(j).quant, Quant::Fp8Tensor);
+  j["quantization_config"]["weight_block_size"] = nullptr;
+  EXPECT_EQ(config_from_hf_json(j).quant, Quant::Fp8Tensor);
+  // What moejit cannot compute is refused by key, with the way out.
+  j["quantization_config"]["weight_block_size"] = {64, 64};
+  expect_invalid([&] { config_from_hf_json(j); },
+                 {"qwen3_moe", "quantization_config.weight_block_size", "[64,64]", "[128, 128]", "quant=none"});
+  j["quantization_config"]["weight_block_size"] = {128, 128};
+  j["quantization_config"]["activation_scheme"] = "static";
+  expect_invalid([&] { config_from_hf_json(j); },
+                 {"quantization_config.activation_scheme", "'static'", "allowed: dynamic"});
+  j["quantization_config"]["activation_scheme"] = "dynamic";
+  j["quantization_config"]["fmt"] = "e5m2";
+  expect_invalid([&] { config_from_hf_json(j); }, {"quantization_config.fmt", "'e5m2'", "allowed: e4m3"});
+  // The override still reads the layer shape alone.
+  EXPECT_EQ(config_from_hf_json(j, {{"quant", "none"}}), preset("qwen3-30b-a3b"));
 }
 
 TEST(HfConfig, Qwen2MoeFieldByField) {
@@ -435,8 +461,11 @@ TEST(HfConfig, TextConfigOfAMultimodalCheckpointIsRead) {
                 {"vision_config", {{"vt_num_hidden_layers", 27}}},
                 {"text_config", inner}};
   EXPECT_EQ(config_from_hf_json(outer, {{"quant", "none"}}), preset("kimi-k2"));
-  // The quantization inside text_config is found too.
-  expect_invalid([&] { config_from_hf_json(outer); }, {"text_config.quantization_config.quant_method", "not yet supported"});
+  // The quantization inside text_config is found too, and its errors name the nested path.
+  EXPECT_EQ(config_from_hf_json(outer).quant, Quant::Fp8Block);
+  outer["text_config"]["quantization_config"]["activation_scheme"] = "static";
+  expect_invalid([&] { config_from_hf_json(outer); }, {"text_config.quantization_config.activation_scheme"});
+  outer["text_config"]["quantization_config"]["activation_scheme"] = "dynamic";
 
   // A key missing from text_config is named with its path.
   outer["text_config"].erase("n_routed_experts");

@@ -40,12 +40,86 @@ TEST(LayerCall, ForwardFusesRoutingAndIndexForSmallBatches) {
   EXPECT_EQ(plan_call(mixtral, Entry::Forward, 33).count, 6);
 }
 
-TEST(LayerCall, W8a8AddsItsQuantizations) {
-  MoeConfig c = preset("glm-4.5-air");
-  c.quant = Quant::W8A8Int8;
+TEST(LayerCall, QuantizedLayersAddTheirQuantizations) {
+  for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
+    MoeConfig c = preset("glm-4.5-air");
+    c.quant = q;
+    const Plan plan = make_plan(c, "sm_90a");
+    EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 7)), (std::vector{R::RouteIndex, R::QuantizeExpand, R::Gemm1,
+                                                                      R::QuantizeAct, R::Gemm2, R::Combine}))
+        << to_string(q);
+    // w8a8 quantizes a smoothed row per pair (in sorted order); fp8 each token's row once.
+    const CallPlan call = plan_call(plan, Entry::Forward, 7);
+    EXPECT_EQ(call.steps[1].grid.x, q == Quant::W8A8Int8 ? 7 * c.topk : 7) << to_string(q);
+    EXPECT_EQ(call.steps[3].grid.x, 7 * c.topk) << to_string(q);
+  }
+}
+
+// fp8: GEMM 1 gathers the tokens' quantized rows with their scales and writes fp32 for the
+// re-quantization, GEMM 2 reads the re-quantized rows; the weight scales are the caller's.
+TEST(LayerCall, Fp8FamiliesPackTheQuantizedBuffers) {
+  MoeConfig c = preset("deepseek-v3");
+  c.quant = Quant::Fp8Block;
   const Plan plan = make_plan(c, "sm_90a");
-  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 7)), (std::vector{R::RouteIndex, R::QuantizeExpand, R::Gemm1,
-                                                                    R::QuantizeAct, R::Gemm2, R::Combine}));
+  std::vector<char> storage(static_cast<size_t>(workspace_offsets(c, 3).total_bytes));
+  char* workspace = storage.data();
+  int ids[24], scratch[8];
+  float weights[24], scales[2];
+  CallBuffers b;
+  b.in.hidden = &scratch[0];
+  b.in.w13 = &scratch[1];
+  b.in.w2 = &scratch[2];
+  b.in.w13_scale = &scales[0];
+  b.in.w2_scale = &scales[1];
+  b.in.input_smooth = &scales[0];  // not an fp8 input: never passed on
+  b.in.act_smooth = &scales[1];
+  b.output = &scratch[3];
+  b.workspace = workspace;
+  b.offsets = workspace_offsets(c, 3);
+  b.topk_ids = ids;
+  b.topk_weights = weights;
+  const CallPlan call = plan_call(plan, Entry::Forward, 3);
+  const CallContext context{c, c.placement(), call, b};
+  int seen = 0;
+  for (const CallStep& step : call) {
+    const KernelArgs args = pack_args(step, context);
+    if (step.role == R::QuantizeExpand) {
+      const auto& a = std::get<QuantizeArgs>(args);
+      EXPECT_EQ(a.src, b.in.hidden);
+      EXPECT_EQ(a.smooth, nullptr);
+      EXPECT_EQ(a.q, reinterpret_cast<signed char*>(workspace + b.offsets.a_q));
+      EXPECT_EQ(a.scale, reinterpret_cast<float*>(workspace + b.offsets.a_scale));
+      ++seen;
+    } else if (step.role == R::Gemm1) {
+      const auto& a = std::get<GemmArgs>(args);
+      EXPECT_EQ(a.a, workspace + b.offsets.a_q);
+      EXPECT_EQ(a.a_scale, reinterpret_cast<float*>(workspace + b.offsets.a_scale));
+      EXPECT_EQ(a.w_scale, b.in.w13_scale);
+      EXPECT_EQ(a.act_smooth, nullptr);
+      EXPECT_EQ(a.out, workspace + b.offsets.act_f32);
+      ++seen;
+    } else if (step.role == R::QuantizeAct) {
+      const auto& a = std::get<QuantizeArgs>(args);
+      EXPECT_EQ(a.src, workspace + b.offsets.act_f32);
+      EXPECT_EQ(a.q, reinterpret_cast<signed char*>(workspace + b.offsets.act_q));
+      ++seen;
+    } else if (step.role == R::Gemm2) {
+      const auto& a = std::get<GemmArgs>(args);
+      EXPECT_EQ(a.a, workspace + b.offsets.act_q);
+      EXPECT_EQ(a.a_scale, reinterpret_cast<float*>(workspace + b.offsets.act_scale));
+      EXPECT_EQ(a.w_scale, b.in.w2_scale);
+      EXPECT_EQ(a.out, workspace + b.offsets.y);
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 4);
+  // The per-token and per-group scale buffers: a_q [T, H] bytes, a_scale [T, 56], act_scale [T*K, 16].
+  const WorkspaceLayout layout = plan_workspace(c, 3);
+  EXPECT_EQ(layout.at("a_q").bytes, 3 * 7168);
+  EXPECT_EQ(layout.at("a_scale").bytes, 3 * 56 * 4);
+  EXPECT_EQ(layout.at("act_scale").bytes, 3 * 8 * 16 * 4);
+  c.quant = Quant::Fp8Tensor;
+  EXPECT_EQ(plan_workspace(c, 3).at("a_scale").bytes, 3 * 4);
 }
 
 TEST(LayerCall, EachStepRunsItsBucketsKernelWithTheLaunchRulesGrid) {

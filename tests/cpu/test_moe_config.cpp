@@ -74,5 +74,35 @@ TEST(MoeConfig, DerivedSizesFollowTheParallelLayout) {
   EXPECT_EQ(c.gemm1_rows(), 2048);
 }
 
+// The scale tensors of each quantization (SPEC.md "Quantized experts"), partial blocks rounded up.
+TEST(MoeConfig, QuantTensorShapesFollowTheSpec) {
+  MoeConfig c = preset("deepseek-v3");
+  c.ep_size = 8;
+  c.tp_size = 2;  // E_loc 32, I 1024, N1 2048
+  EXPECT_EQ(quant_tensor_shapes(c).w13_scale, std::vector<int64_t>{});
+  c.quant = Quant::Fp8Block;
+  QuantTensorShapes s = quant_tensor_shapes(c);
+  EXPECT_EQ(s.w13_scale, (std::vector<int64_t>{32, 16, 56}));
+  EXPECT_EQ(s.w2_scale, (std::vector<int64_t>{32, 56, 8}));
+  EXPECT_TRUE(s.input_smooth.empty() && s.act_smooth.empty());
+  c.hidden = 1000;  // 7 full blocks and one of 104 columns
+  c.moe_intermediate = 2 * 200;
+  s = quant_tensor_shapes(c);
+  EXPECT_EQ(s.w13_scale, (std::vector<int64_t>{32, 4, 8}));  // N1 400 -> 4 row blocks
+  EXPECT_EQ(s.w2_scale, (std::vector<int64_t>{32, 8, 2}));
+  EXPECT_EQ(activation_scale_groups(c, 1000), 8);
+  c.quant = Quant::Fp8Tensor;
+  s = quant_tensor_shapes(c);
+  EXPECT_EQ(s.w13_scale, std::vector<int64_t>{32});
+  EXPECT_EQ(s.w2_scale, std::vector<int64_t>{32});
+  EXPECT_EQ(activation_scale_groups(c, 1000), 1);
+  c.quant = Quant::W8A8Int8;
+  s = quant_tensor_shapes(c);
+  EXPECT_EQ(s.w13_scale, (std::vector<int64_t>{32, 400}));
+  EXPECT_EQ(s.w2_scale, (std::vector<int64_t>{32, 1000}));
+  EXPECT_EQ(s.input_smooth, (std::vector<int64_t>{256, 1000}));
+  EXPECT_EQ(s.act_smooth, (std::vector<int64_t>{32, 200}));
+}
+
 }  // namespace
 }  // namespace moejit

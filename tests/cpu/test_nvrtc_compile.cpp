@@ -19,7 +19,7 @@ namespace {
 struct Case {
   std::string preset;
   std::string arch;
-  bool w8a8;
+  Quant quant = Quant::None;
 };
 
 // ptxas -v reports "N bytes stack frame, N bytes spill stores": no kernel may use local memory (a
@@ -34,7 +34,8 @@ void expect_lean_kernels(const CompiledUnit& compiled) {
 }
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  std::string name = info.param.preset + "_" + info.param.arch + (info.param.w8a8 ? "_w8a8" : "");
+  std::string name = info.param.preset + "_" + info.param.arch;
+  if (info.param.quant != Quant::None) name += "_" + std::string(to_string(info.param.quant));
   for (char& c : name)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   return name;
@@ -43,9 +44,13 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const auto& preset : preset_names())
-    for (const char* arch : {"sm_80", "sm_90a"}) out.push_back({preset, arch, false});
-  // w8a8 changes the expand, both GEMMs and adds the re-quantization.
-  for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3"}) out.push_back({preset, "sm_90a", true});
+    for (const char* arch : {"sm_80", "sm_90a"}) out.push_back({preset, arch});
+  // The quantized layers change the expand, both GEMMs (wgmma on 8-bit operands on sm_90a, SIMT
+  // elsewhere) and add the re-quantization.
+  for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
+    for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3"}) out.push_back({preset, "sm_90a", q});
+    out.push_back({"mixtral-8x7b", "sm_80", q});
+  }
   return out;
 }
 
@@ -53,7 +58,7 @@ class EveryPreset : public testing::TestWithParam<Case> {};
 
 TEST_P(EveryPreset, EveryUnitCompilesToCubinWithItsEntryPoints) {
   MoeConfig config = preset(GetParam().preset);
-  if (GetParam().w8a8) config.quant = Quant::W8A8Int8;
+  config.quant = GetParam().quant;
   Plan plan = make_plan(config, GetParam().arch);
   KernelSource source = generate(plan);
   CompileOptions options = compile_options_for(GetParam().arch);
@@ -73,7 +78,8 @@ TEST_P(EveryPreset, EveryUnitCompilesToCubinWithItsEntryPoints) {
   }
   for (Stage s : {Stage::Routing, Stage::Index, Stage::Gemm1, Stage::Gemm2, Stage::Combine})
     EXPECT_NE(std::find(covered.begin(), covered.end(), s), covered.end()) << to_string(s);
-  if (GetParam().w8a8) EXPECT_NE(std::find(covered.begin(), covered.end(), Stage::Expand), covered.end());
+  if (GetParam().quant != Quant::None)
+    EXPECT_NE(std::find(covered.begin(), covered.end(), Stage::Expand), covered.end());
 }
 
 INSTANTIATE_TEST_SUITE_P(Nvrtc, EveryPreset, testing::ValuesIn(cases()), case_name);

@@ -26,7 +26,7 @@ TEST(Planner, SameConfigGivesByteIdenticalSource) {
 
 TEST(Planner, EveryKernelIsInExactlyOneUnitWithAUniqueName) {
   for (const auto& name : preset_names()) {
-    for (Quant q : {Quant::None, Quant::W8A8Int8}) {
+    for (Quant q : {Quant::None, Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
       MoeConfig c = preset(name);
       c.quant = q;
       Plan plan = make_plan(c, "sm_90a");
@@ -157,7 +157,6 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
   EXPECT_EQ(kinds(c), std::set{GemmKernel::TensorCore});
   for (auto change : std::vector<std::function<void(MoeConfig&)>>{
            [](MoeConfig& x) { x.dtype = DType::FP32; },
-           [](MoeConfig& x) { x.quant = Quant::W8A8Int8; },
            [](MoeConfig& x) { x.weight_layout = WeightLayout::KN; },
            [](MoeConfig& x) { x.hidden = 2052; },
            [](MoeConfig& x) { x.moe_intermediate = 772; }}) {
@@ -166,6 +165,43 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
     EXPECT_EQ(kinds(d), std::set{GemmKernel::Simt}) << describe(d);
     EXPECT_EQ(kinds(d, "sm_90a"), std::set{GemmKernel::Simt}) << describe(d);
   }
+}
+
+// 8-bit weights: wgmma in every bucket on sm_90a (row tiles of 64 at least), SIMT where wgmma is
+// not (mma.sync tiles are 16-bit), and SIMT when rows do not split into 16-byte chunks.
+TEST(Planner, EightBitWeightsTakeWgmmaOnHopperSimtElsewhere) {
+  for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
+    for (const auto& name : preset_names()) {
+      MoeConfig c = preset(name);
+      c.quant = q;
+      SCOPED_TRACE(describe(c));
+      for (const auto& b : plan_buckets(c, "sm_90a")) {
+        for (const TileShape* t : {&b.gemm1, &b.gemm2}) {
+          EXPECT_EQ(t->kernel, GemmKernel::Wgmma);
+          EXPECT_GE(t->bm, 64);
+          EXPECT_EQ(t->bk, 128) << "a k-tile of 128 bytes holds 128 8-bit elements";
+          const int weight_rows = (t == &b.gemm1 && c.gated ? 2 : 1) * t->bn;
+          if (q == Quant::Fp8Block) EXPECT_LE(weight_rows, 128) << "two accumulator sets";
+          EXPECT_EQ(tile_problem(c, t == &b.gemm1, *t, "sm_90a"), "");
+        }
+      }
+      for (const auto& b : plan_buckets(c, "sm_80")) EXPECT_EQ(b.gemm1.kernel, GemmKernel::Simt);
+    }
+    MoeConfig odd = preset("qwen3-30b-a3b");
+    odd.quant = q;
+    odd.hidden = 2056;  // a multiple of 8 (16-bit chunks) but not of 16
+    for (const auto& b : plan_buckets(odd, "sm_90a")) EXPECT_EQ(b.gemm1.kernel, GemmKernel::Simt);
+  }
+  // Tile requests the 8-bit kernels cannot run are refused with the reason.
+  MoeConfig c = preset("deepseek-v3");
+  c.quant = Quant::Fp8Block;
+  EXPECT_NE(tile_problem(c, false, wgmma_tile(c, 128, 256, 4), "sm_90a").find("at most 128"), std::string::npos);
+  EXPECT_NE(tile_problem(c, false, wgmma_tile(c, 128, 128, 4), "sm_80").find("sm_90a"), std::string::npos);
+  TileShape mma{GemmKernel::TensorCore, 64, 64, 128, 2, 2, 4};
+  EXPECT_NE(tile_problem(c, false, mma, "sm_90a").find("16-bit operands"), std::string::npos);
+  TileShape shallow = wgmma_tile(c, 128, 128, 4);
+  shallow.bk = 64;
+  EXPECT_NE(tile_problem(c, false, shallow, "sm_90a").find("BK = 128"), std::string::npos);
 }
 
 TEST(Planner, TileOverridesReplaceThePlannersTiles) {
@@ -304,7 +340,7 @@ TEST(Planner, WgmmaTilesKeepTheirShapeInTheKernelPlan) {
 
 TEST(Workspace, IsAPureFunctionWithAlignedDisjointBuffers) {
   for (const auto& name : preset_names()) {
-    for (Quant q : {Quant::None, Quant::W8A8Int8}) {
+    for (Quant q : {Quant::None, Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
       MoeConfig c = preset(name);
       c.quant = q;
       WorkspaceLayout a = plan_workspace(c, 4097);

@@ -155,6 +155,18 @@ const std::vector<InvalidRow>& invalid_rows() {
        },
        S::Validate, "quant: w8a8_int8 needs dtype bf16 or fp16 (the activations it quantizes); dtype is "
                     "fp32"},
+      {"fp8 quantization of fp32 activations", "", [](MoeConfig& c) {
+         c.dtype = DType::FP32;
+         c.router_dtype = DType::FP32;
+         c.quant = Quant::Fp8Block;
+       },
+       S::Validate, "quant: fp8_block needs dtype bf16 or fp16 (the activations it quantizes); dtype is fp32"},
+      {"fp8 in the kn layout", "", [](MoeConfig& c) {
+         c.quant = Quant::Fp8Tensor;
+         c.weight_layout = WeightLayout::KN;
+       },
+       S::Validate, "weight_layout: kn is not allowed with quant fp8_tensor; fp8 checkpoints and their block "
+                    "scales are in the nk layout (allowed: nk)"},
 
       // set_field: integers
       {"experts with a unit", "", set("experts", "12x"), S::SetField, "experts: '12x' is not an integer"},
@@ -185,15 +197,12 @@ const std::vector<InvalidRow>& invalid_rows() {
       {"unknown router_dtype", "", set("router_dtype", "fp64"), S::SetField,
        "router_dtype: 'fp64' is not allowed; allowed values: bf16, fp16, fp32"},
       {"unknown quant", "", set("quant", "int4"), S::SetField,
-       "quant: 'int4' is not allowed; allowed values: none, w8a8_int8"},
+       "quant: 'int4' is not allowed; allowed values: none, w8a8_int8, fp8_block, fp8_tensor"},
       {"unknown weight_layout", "", set("weight_layout", "tn"), S::SetField,
        "weight_layout: 'tn' is not allowed; allowed values: nk, kn"},
-      // set_field: fp8 is recognized and refused as not yet supported, not as unknown
-      {"fp8 quant", "", set("quant", "fp8"), S::SetField, "quant: 'fp8' is not yet supported by moejit"},
-      {"fp8 block quant", "", set("quant", "fp8_block"), S::SetField,
-       "quant: 'fp8_block' is not yet supported by moejit"},
-      {"w8a8 fp8 quant", "", set("quant", "w8a8_fp8"), S::SetField,
-       "quant: 'w8a8_fp8' is not yet supported by moejit"},
+      // set_field: fp8 names its scale granularity
+      {"fp8 quant", "", set("quant", "fp8"), S::SetField,
+       "quant: 'fp8' is not allowed; allowed values: none, w8a8_int8, fp8_block, fp8_tensor"},
       // set_field: booleans
       {"renormalize junk", "", set("renormalize", "maybe"), S::SetField,
        "renormalize: 'maybe' is not allowed; allowed values: true, false"},
