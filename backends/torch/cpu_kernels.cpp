@@ -1,7 +1,12 @@
 #include "backends/torch/cpu_kernels.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
 #include "backends/torch/dtype.h"
 #include "common/cpu_routing.h"
+#include "common/fp8.h"
 
 namespace moejit::torch_ops {
 namespace {
@@ -11,6 +16,61 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
   at::Tensor scale = x.abs().amax(1, /*keepdim=*/true) / 127.0f;
   at::Tensor q = at::where(scale > 0, at::round(x / scale), at::zeros_like(x)).clamp(-127, 127);
   return {q, scale};
+}
+
+// x (fp32) rounded to the nearest e4m3 value, as fp32, with the device's rounding (common/fp8.h:
+// to nearest even, saturating to +-448, NaN to NaN).
+at::Tensor round_e4m3(const at::Tensor& x) {
+  at::Tensor in = x.contiguous();
+  at::Tensor out = at::empty_like(in);
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, in.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = static_cast<float>(fp8::round_e4m3(src[i]));
+  });
+  return out;
+}
+
+// SPEC.md fp8 activation quantization of x [rows, cols] (fp32), per row and per group of `group`
+// columns (128 for fp8_block, the whole row for fp8_tensor; a partial last group covers the columns
+// that exist): s = max(amax, 1e-10) / 448 and q = e4m3(x / s), both in fp32. Returns (q as fp32
+// values [rows, cols], s [rows, groups]).
+std::pair<at::Tensor, at::Tensor> quantize_fp8_groups(const at::Tensor& x, int64_t group) {
+  const int64_t rows = x.size(0), cols = x.size(1), groups = (cols + group - 1) / group;
+  // Zero columns past the end leave every amax as it is.
+  at::Tensor grouped = at::constant_pad_nd(x, {0, groups * group - cols}).view({rows, groups, group});
+  // The device takes the amax with fmaxf, which skips NaN: a NaN quantizes to NaN itself but leaves
+  // its group's scale (and so the rest of its row) finite.
+  at::Tensor magnitude = grouped.abs();
+  magnitude.masked_fill_(magnitude.isnan(), 0.0);
+  at::Tensor scale = magnitude.amax(-1).clamp_min(1e-10) / fp8::kE4m3Max;
+  at::Tensor q = round_e4m3(grouped / scale.unsqueeze(-1)).view({rows, groups * group}).narrow(1, 0, cols);
+  return {q, scale};
+}
+
+// The activation quantization of the config's fp8 mode for an operand with `cols` columns.
+std::pair<at::Tensor, at::Tensor> quantize_fp8(const MoeConfig& c, const at::Tensor& x) {
+  return quantize_fp8_groups(x, c.quant == Quant::Fp8Block ? kFp8BlockSize : std::max<int64_t>(x.size(1), 1));
+}
+
+// SPEC.md's fp8 GEMM of one expert: quantized activations q [n, K] with scales s [n, groups], times
+// the e4m3 weight w [N, K] (nk) scaled by w_scale (fp8_block: [ceil(N/128), ceil(K/128)];
+// fp8_tensor: one value) -> [n, N] fp32. The e4m3 products are exact in fp32; like the GPU, each
+// 128-deep block's partial sum is scaled (fp8_block), or the whole sum once (fp8_tensor).
+at::Tensor fp8_gemm(const MoeConfig& c, const at::Tensor& q, const at::Tensor& s, const at::Tensor& w,
+                    const at::Tensor& w_scale) {
+  at::Tensor wq = w.to(at::kFloat);  // exact: every e4m3 value is a float
+  if (c.quant == Quant::Fp8Tensor) return at::matmul(q, wq.t()) * s * w_scale;
+  const int64_t n = q.size(0), N = wq.size(0), K = wq.size(1);
+  at::Tensor out = at::zeros({n, N}, q.options());
+  for (int64_t g = 0; g * kFp8BlockSize < K; ++g) {
+    const int64_t k0 = g * kFp8BlockSize, depth = std::min(kFp8BlockSize, K - k0);
+    at::Tensor partial = at::matmul(q.narrow(1, k0, depth), wq.narrow(1, k0, depth).t());
+    // The weight scale of each output row n: its 128-row block's, for this K block.
+    at::Tensor row_scale = w_scale.select(1, g).repeat_interleave(kFp8BlockSize).narrow(0, 0, N);
+    out += partial * (s.narrow(1, g, 1) * row_scale);
+  }
+  return out;
 }
 
 at::Tensor activate(const MoeConfig& c, const at::Tensor& x) {
@@ -61,8 +121,12 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
                     "moejit: topk_weights must be float32 [", tokens, ", ", K, "], got ", topk_weights.scalar_type(),
                     " ", topk_weights.sizes());
   const at::ScalarType dtype = scalar_type(c.dtype);
-  const bool w8a8 = c.quant == Quant::W8A8Int8;
+  const bool w8a8 = c.quant == Quant::W8A8Int8, fp8 = is_fp8(c.quant);
   at::Tensor x = hidden.to(at::kFloat);
+  // fp8 has no smoothing, so each token's row is quantized once, whichever experts it visits (as
+  // the GPU's stage 3 does).
+  at::Tensor x_q, x_scale;
+  if (fp8) std::tie(x_q, x_scale) = quantize_fp8(c, x);
   at::Tensor flat_ids = topk_ids.reshape({-1}).to(at::kLong);
   // Y of every (token, slot) pair, zero for pairs another rank computes.
   at::Tensor y = at::zeros({tokens * K, H}, x.options());
@@ -70,20 +134,26 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   for (int64_t e = 0; e < c.local_experts(); ++e) {
     at::Tensor pairs = (flat_ids == first + e).nonzero().reshape({-1});  // ascending: the stable order
     if (pairs.numel() == 0) continue;
-    at::Tensor a = x.index_select(0, at::floor_divide(pairs, K));
+    at::Tensor rows = at::floor_divide(pairs, K);  // the pairs' tokens
     at::Tensor g1, act, ye;
     if (w8a8) {
-      auto [q, scale] = quantize_rows(a * (*input_smooth)[first + e]);
+      auto [q, scale] = quantize_rows(x.index_select(0, rows) * (*input_smooth)[first + e]);
       g1 = times_weight(q.to(at::kDouble), w13[e].to(at::kDouble), c.weight_layout).to(at::kFloat) * scale *
            (*w13_scale)[e];
+    } else if (fp8) {
+      g1 = fp8_gemm(c, x_q.index_select(0, rows), x_scale.index_select(0, rows), w13[e], (*w13_scale)[e]);
     } else {
-      g1 = times_weight(a, w13[e].to(at::kFloat), c.weight_layout);
+      g1 = times_weight(x.index_select(0, rows), w13[e].to(at::kFloat), c.weight_layout);
     }
     act = c.gated ? activate(c, g1.narrow(1, 0, I)) * g1.narrow(1, I, I) : activate(c, g1);
     if (w8a8) {
       auto [q, scale] = quantize_rows(act * (*act_smooth)[e]);
       ye = times_weight(q.to(at::kDouble), w2[e].to(at::kDouble), c.weight_layout).to(at::kFloat) * scale *
            (*w2_scale)[e];
+    } else if (fp8) {
+      // The fp32 activation is quantized again for GEMM 2, without a round trip through the model dtype.
+      auto [q, scale] = quantize_fp8(c, act);
+      ye = fp8_gemm(c, q, scale, w2[e], (*w2_scale)[e]);
     } else {
       // The GPU stores the activation in the model dtype between the GEMMs.
       ye = times_weight(act.to(dtype).to(at::kFloat), w2[e].to(at::kFloat), c.weight_layout);

@@ -1,7 +1,8 @@
 // CPU kernels of the moejit torch ops: SPEC.md's math with ATen, so the ops (and models patched to
 // use them) also run on CPU tensors. Routing accumulates in fp32 like the GPU kernels; expert
-// matmuls run in fp32 (int8 products exactly, in fp64) and are rounded to the model dtype where the
-// GPU rounds them.
+// matmuls run in fp32 (int8 products exactly, in fp64; fp8 e4m3 products exactly in fp32, scaled per
+// 128-deep block or per tensor as SPEC.md says) and are rounded to the model dtype where the GPU
+// rounds them.
 #pragma once
 
 #include <ATen/ATen.h>

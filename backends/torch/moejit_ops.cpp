@@ -106,6 +106,49 @@ std::vector<int64_t> w2_shape(const MoeConfig& c) {
              : std::vector<int64_t>{c.local_experts(), c.local_intermediate(), c.hidden};
 }
 
+// The stored weights' dtype (SPEC.md "Quantized experts"): int8 for w8a8_int8, float8_e4m3fn for
+// fp8_block and fp8_tensor, the model dtype otherwise.
+at::ScalarType weight_scalar_type(const MoeConfig& c) {
+  if (c.quant == Quant::W8A8Int8) return at::kChar;
+  if (is_fp8(c.quant)) return at::kFloat8_e4m3fn;
+  return scalar_type(c.dtype);
+}
+
+// The weights and the quantization tensors (static shapes, so the Meta kernels check them too).
+void check_weights_and_scales(const MoeConfig& c, const at::Tensor& w13, const at::Tensor& w2,
+                              const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                              const std::optional<at::Tensor>& input_smooth,
+                              const std::optional<at::Tensor>& act_smooth) {
+  expect(w13, "w13", weight_scalar_type(c), w13_shape(c));
+  expect(w2, "w2", weight_scalar_type(c), w2_shape(c));
+  if (c.quant == Quant::None) {
+    // Unquantized layers ignore these. One given anyway (MoELayer keeps what its caller passes) is
+    // checked against the w8a8_int8 shapes, as it was before fp8 existed.
+    expect_optional(w13_scale, "w13_scale", at::kFloat, {c.local_experts(), c.gemm1_rows()}, false, "");
+    expect_optional(w2_scale, "w2_scale", at::kFloat, {c.local_experts(), c.hidden}, false, "");
+    expect_optional(input_smooth, "input_smooth", at::kFloat, {c.experts, c.hidden}, false, "");
+    expect_optional(act_smooth, "act_smooth", at::kFloat, {c.local_experts(), c.local_intermediate()}, false, "");
+    return;
+  }
+  // SPEC.md "Quantized experts": the tensors the quantization takes, fp32, in the shapes
+  // quant_tensor_shapes gives; an empty shape is a tensor this quantization has no use for.
+  const QuantTensorShapes shapes = quant_tensor_shapes(c.spec());
+  const std::string why = fmt::format("for quant {}", to_string(c.quant));
+  auto check = [&](const std::optional<at::Tensor>& t, const char* name, const std::vector<int64_t>& shape) {
+    if (shape.empty()) {
+      TORCH_CHECK_VALUE(!t.has_value(), "moejit: ", name, " must not be given ", why,
+                        ": it quantizes the activations without smoothing (only quant w8a8_int8 takes ", name,
+                        "); pass None");
+      return;
+    }
+    expect_optional(t, name, at::kFloat, shape, true, why.c_str());
+  };
+  check(w13_scale, "w13_scale", shapes.w13_scale);
+  check(w2_scale, "w2_scale", shapes.w2_scale);
+  check(input_smooth, "input_smooth", shapes.input_smooth);
+  check(act_smooth, "act_smooth", shapes.act_smooth);
+}
+
 }  // namespace
 
 void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
@@ -114,19 +157,18 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
                           const std::optional<at::Tensor>& residual) {
   TORCH_CHECK_VALUE(hidden.dim() == 2, "moejit: hidden must be [tokens, ", c.hidden, "], got ", hidden.sizes());
   const int64_t tokens = hidden.size(0);
-  const bool w8a8 = c.quant == Quant::W8A8Int8;
   expect(hidden, "hidden", scalar_type(c.dtype), {tokens, c.hidden});
-  const at::ScalarType weight_type = w8a8 ? at::kChar : scalar_type(c.dtype);
-  expect(w13, "w13", weight_type, w13_shape(c));
-  expect(w2, "w2", weight_type, w2_shape(c));
-  const char* for_w8a8 = "for quant w8a8_int8";
-  expect_optional(w13_scale, "w13_scale", at::kFloat, {c.local_experts(), c.gemm1_rows()}, w8a8, for_w8a8);
-  expect_optional(w2_scale, "w2_scale", at::kFloat, {c.local_experts(), c.hidden}, w8a8, for_w8a8);
-  expect_optional(input_smooth, "input_smooth", at::kFloat, {c.experts, c.hidden}, w8a8, for_w8a8);
-  expect_optional(act_smooth, "act_smooth", at::kFloat, {c.local_experts(), c.local_intermediate()}, w8a8, for_w8a8);
+  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
   expect_optional(residual, "residual", scalar_type(c.dtype), {tokens, c.hidden}, false, "");
   for (const auto* t : {&w13, &w2})
     TORCH_CHECK_VALUE(t->device() == hidden.device(), "moejit: every tensor must be on ", hidden.device());
+  const std::pair<const char*, const std::optional<at::Tensor>*> optional_tensors[] = {
+      {"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"input_smooth", &input_smooth},
+      {"act_smooth", &act_smooth}, {"residual", &residual}};
+  for (const auto& [name, t] : optional_tensors)
+    TORCH_CHECK_VALUE(!t->has_value() || (*t)->device() == hidden.device(), "moejit: ", name, " is on ",
+                      t->has_value() ? (*t)->device() : hidden.device(), "; every tensor must be on ",
+                      hidden.device(), " (hidden's device)");
 }
 
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias) {
@@ -257,23 +299,25 @@ std::string hf_activations_json() {
   return table.dump();
 }
 
-// Meta: shapes only, but the config and every static shape are checked as the real kernels do, so
-// a wrong weight fails while tracing rather than at run time. The token count may be symbolic.
-void check_meta(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2) {
+// Meta: shapes only, but the config and every static shape and dtype are checked as the real
+// kernels do, so a wrong weight or scale fails while tracing rather than at run time. The token
+// count may be symbolic.
+void check_meta(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
+                const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth) {
   TORCH_CHECK_VALUE(hidden.dim() == 2 && hidden.sym_size(1) == c.hidden, "moejit: hidden must be [tokens, ",
                     c.hidden, "], got ", hidden.sym_sizes());
-  TORCH_CHECK_VALUE(w13.sizes() == at::IntArrayRef(w13_shape(c)), "moejit: w13 must have shape ",
-                    at::IntArrayRef(w13_shape(c)), ", got ", w13.sizes());
-  TORCH_CHECK_VALUE(w2.sizes() == at::IntArrayRef(w2_shape(c)), "moejit: w2 must have shape ",
-                    at::IntArrayRef(w2_shape(c)), ", got ", w2.sizes());
+  TORCH_CHECK_VALUE(hidden.scalar_type() == scalar_type(c.dtype), "moejit: hidden must be ", scalar_type(c.dtype),
+                    ", got ", hidden.scalar_type());
+  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
 }
 
 at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor& w13, const at::Tensor& w2,
-                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>& w13_scale,
+                          const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
+                          const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
                           const std::string& config_json) {
-  check_meta(parse_config(config_json), hidden, w13, w2);
+  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
   return at::empty_like(hidden);
 }
 
@@ -285,10 +329,11 @@ std::tuple<at::Tensor, at::Tensor> route_meta(const at::Tensor& logits, const st
 }
 
 at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor&, const at::Tensor& w13,
-                        const at::Tensor& w2, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        const std::optional<at::Tensor>&, const std::string& config_json) {
-  check_meta(parse_config(config_json), hidden, w13, w2);
+                        const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
+                        const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
+                        const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
+                        const std::string& config_json) {
+  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
   return at::empty_like(hidden);
 }
 

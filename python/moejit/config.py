@@ -20,6 +20,12 @@ __all__ = ["MoeConfig", "activation_from_hf", "hf_activations", "dtype_name"]
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
+# SPEC.md "Quantized experts": the stored weights' dtype per quantization, and the edge of an fp8
+# block scale (compiler/moe_config.h's kFp8BlockSize).
+_QUANT_WEIGHT_DTYPES = {"w8a8_int8": torch.int8, "fp8_block": torch.float8_e4m3fn,
+                        "fp8_tensor": torch.float8_e4m3fn}
+FP8_BLOCK_SIZE = 128
+
 # Hugging Face `hidden_act` names -> moejit activations (SPEC.md stage 4): the op library's table
 # (compiler/hf_config.cpp, the one config.json's reader uses), read once, on first use.
 _HF_ACTIVATIONS: "dict | None" = None
@@ -71,7 +77,7 @@ class MoeConfig:
     gated: bool = True
     dtype: str = "bf16"  # bf16 | fp16 | fp32
     router_dtype: Optional[str] = None  # None: same as dtype
-    quant: str = "none"  # none | w8a8_int8
+    quant: str = "none"  # none | w8a8_int8 | fp8_block | fp8_tensor (SPEC.md "Quantized experts")
     ep_size: int = 1
     ep_rank: int = 0
     tp_size: int = 1
@@ -112,6 +118,30 @@ class MoeConfig:
         nk = self.weight_layout == "nk"
         i = self.local_intermediate
         return (self.local_experts, self.hidden, i) if nk else (self.local_experts, i, self.hidden)
+
+    @property
+    def weight_torch_dtype(self) -> torch.dtype:
+        """The dtype w13 and w2 are stored in: int8 (w8a8_int8), float8_e4m3fn (fp8_block, fp8_tensor),
+        else the model dtype."""
+        return _QUANT_WEIGHT_DTYPES.get(self.quant) or self.torch_dtype
+
+    def quant_tensor_shapes(self) -> dict:
+        """{name: shape} of the fp32 tensors the quantization takes (SPEC.md "Quantized experts"; the
+        op library's quant_tensor_shapes, compiler/moe_config.cpp): w13_scale and w2_scale, and for
+        w8a8_int8 input_smooth and act_smooth too. Empty for quant none; an unknown quant gets {} here
+        and a ValueError from the library."""
+        E, E_loc, H, I = self.experts, self.local_experts, self.hidden, self.local_intermediate
+        n1 = (2 if self.gated else 1) * I
+        if self.quant == "w8a8_int8":
+            return {"w13_scale": (E_loc, n1), "w2_scale": (E_loc, H), "input_smooth": (E, H), "act_smooth": (E_loc, I)}
+        if self.quant == "fp8_block":
+            def blocks(n):
+                return -(-n // FP8_BLOCK_SIZE)
+
+            return {"w13_scale": (E_loc, blocks(n1), blocks(H)), "w2_scale": (E_loc, blocks(H), blocks(I))}
+        if self.quant == "fp8_tensor":
+            return {"w13_scale": (E_loc,), "w2_scale": (E_loc,)}
+        return {}
 
     def to_json(self) -> str:
         """The JSON string the ops take. Deterministic: equal configs give equal strings, so the

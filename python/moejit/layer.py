@@ -16,10 +16,15 @@ class MoELayer(nn.Module):
     """Routing and routed experts of one layer, as SPEC.md defines them.
 
     Holds w13 [E_loc, 2I, H] (gate rows first, then up) and w2 [E_loc, H, I] (layout nk; kn stores
-    their transposes), e_score_correction_bias [E] fp32 for topk_method noaux_tc, and for quant
-    w8a8_int8 the int8 weights with w13_scale [E_loc, 2I], w2_scale [E_loc, H], input_smooth [E, H]
-    and act_smooth [E_loc, I] (fp32). Tensors not given are allocated on `device` (default: w13's):
-    zeros, and ones for the scales and smooths.
+    their transposes), e_score_correction_bias [E] fp32 for topk_method noaux_tc, and the fp32
+    tensors of a quantized layer (SPEC.md "Quantized experts"; MoeConfig.quant_tensor_shapes):
+      w8a8_int8   int8 weights; w13_scale [E_loc, 2I], w2_scale [E_loc, H], input_smooth [E, H],
+                  act_smooth [E_loc, I]
+      fp8_block   float8_e4m3fn weights; w13_scale [E_loc, ceil(2I/128), ceil(H/128)],
+                  w2_scale [E_loc, ceil(H/128), ceil(I/128)] (a checkpoint's *_scale_inv: they multiply)
+      fp8_tensor  float8_e4m3fn weights; w13_scale [E_loc], w2_scale [E_loc]
+    fp8 takes no input_smooth or act_smooth. Tensors not given are allocated on `device` (default:
+    w13's): zeros, and ones for the scales and smooths.
 
     forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
@@ -37,8 +42,8 @@ class MoELayer(nn.Module):
         self._config_json = config.to_json()
         if device is None and w13 is not None:
             device = w13.device
-        w8a8 = config.quant == "w8a8_int8"
-        weight_dtype = torch.int8 if w8a8 else config.torch_dtype
+        weight_dtype = config.weight_torch_dtype
+        quant_shapes = config.quant_tensor_shapes()
 
         def given(t, shape, dtype, fill=0.0):
             return t if t is not None else torch.full(shape, fill, dtype=dtype, device=device)
@@ -51,14 +56,19 @@ class MoELayer(nn.Module):
         self.register_buffer("e_score_correction_bias",
                              given(e_score_correction_bias, (E,), torch.float32) if needs_bias or
                              e_score_correction_bias is not None else None)
-        self.register_buffer("w13_scale", given(w13_scale, (E_loc, rows), torch.float32, 1.0)
-                             if w8a8 or w13_scale is not None else None)
-        self.register_buffer("w2_scale", given(w2_scale, (E_loc, H), torch.float32, 1.0)
-                             if w8a8 or w2_scale is not None else None)
-        self.register_buffer("input_smooth", given(input_smooth, (E, H), torch.float32, 1.0)
-                             if w8a8 or input_smooth is not None else None)
-        self.register_buffer("act_smooth", given(act_smooth, (E_loc, I), torch.float32, 1.0)
-                             if w8a8 or act_smooth is not None else None)
+        # The quantization's tensors, ones when not given. An unquantized layer keeps one only when
+        # given (in the w8a8_int8 shapes, which the op checks and ignores).
+        unquantized = {"w13_scale": (E_loc, rows), "w2_scale": (E_loc, H), "input_smooth": (E, H),
+                       "act_smooth": (E_loc, I)}
+        for name, t in (("w13_scale", w13_scale), ("w2_scale", w2_scale), ("input_smooth", input_smooth),
+                        ("act_smooth", act_smooth)):
+            if quant_shapes and name not in quant_shapes and t is not None:
+                # The op would refuse it on every call; say so once, here.
+                raise ValueError(f"moejit: {name} must not be given for quant {config.quant}: it quantizes the "
+                                 f"activations without smoothing (only quant w8a8_int8 takes {name}); pass None")
+            shape = quant_shapes.get(name) or unquantized[name]
+            self.register_buffer(name, given(t, shape, torch.float32, 1.0)
+                                 if name in quant_shapes or t is not None else None)
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
