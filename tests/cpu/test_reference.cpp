@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/cpu_routing.h"
+#include "common/fp8.h"
 #include "tests/reference/reference.h"
 
 namespace moejit::reference {
@@ -470,6 +471,328 @@ TEST(ReferenceExperts, W8A8ByHand) {
   ASSERT_EQ(ex.out.size(), 2u);
   EXPECT_NEAR(ex.out[0], 3 * act * 0.1, 1e-10);
   EXPECT_NEAR(ex.out[1], -5 * act * 0.2, 1e-10);
+}
+
+// ---------------------------------------------------------------- fp8
+
+// One token, E=4 with ep_size 2 (rank 1 holds global experts 2, 3 as local 0, 1), routed to global
+// expert 3 = local 1, so both per-expert scales are read at a non-zero offset. H=2, I=1, gated
+// silu, fp8_tensor.
+TEST(ReferenceFp8, TensorScaledByHand) {
+  MoeConfig c = small_config(4, 1);
+  c.quant = Quant::Fp8Tensor;
+  c.hidden = 2;
+  c.moe_intermediate = 1;
+  c.ep_size = 2;
+  c.ep_rank = 1;
+  Weights wt;
+  wt.w13 = {7, 7, 7, 7,             // local 0: must not be used
+            1.5, 0.25, -2, 0.5};    // local 1: gate [1.5 0.25], up [-2 0.5] (e4m3 values)
+  wt.w13_scale = {9, 0.5};
+  wt.w2 = {9, 9, 3, -5};            // [E_loc, H=2, I=1]
+  wt.w2_scale = {9, 0.125};
+  Experts ex = experts(c, 1, {0.88, -3.5}, {3}, {0.75}, wt, {});
+  // amax 3.5 -> s = 3.5 / 448 = 2^-7 (exact in fp32); 0.88 / s = 112.64 -> 112 (e4m3 steps of 8
+  // in [64, 128)); -3.5 / s = -448. So A dequantizes to [0.875, -3.5].
+  // gate = 0.5 * (0.875 * 1.5 - 3.5 * 0.25) = 0.21875; up = 0.5 * (0.875 * -2 - 3.5 * 0.5) = -1.75.
+  const double act = silu(0.21875) * -1.75;
+  ASSERT_EQ(ex.act.size(), 1u);
+  EXPECT_NEAR(ex.act[0], act, 1e-15);  // before quantization
+  // act alone in its row: s = |act| / 448 in fp32, and act / s = -448 (within an fp32 ulp, which
+  // e4m3 rounds or saturates to 448), so act dequantizes to -448 * s.
+  const float s = std::fabs(static_cast<float>(act)) / 448.0f;
+  const double act_q = -448.0 * s;
+  ASSERT_EQ(ex.y.size(), 2u);
+  EXPECT_DOUBLE_EQ(ex.y[0], 3 * 0.125 * act_q);
+  EXPECT_DOUBLE_EQ(ex.y[1], -5 * 0.125 * act_q);
+  EXPECT_DOUBLE_EQ(ex.out[0], 0.75 * 3 * 0.125 * act_q);
+  EXPECT_DOUBLE_EQ(ex.out[1], 0.75 * -5 * 0.125 * act_q);
+}
+
+TEST(ReferenceFp8, QuantizeRowRoundsToNearestEvenPerGroup) {
+  // amax 3.5 -> s = 2^-7: x / s is x * 128 exactly.
+  const double u = 1.0 / 128;
+  std::vector<double> x = {3.5, 9 * u, 8.5 * u, 9.5 * u, u / 1024, 3 * u / 1024, -3.5, 0, 100.7 * u};
+  std::vector<double> q(x.size());
+  double scale = -1;
+  quantize_fp8_row(x.data(), x.size(), 128, q.data(), &scale);
+  EXPECT_EQ(scale, u);
+  // 8.5 and 9.5 are ties in [8, 16) (steps of 1): to the even mantissa, 8 and 10. 2^-10 is half
+  // the smallest subnormal: to 0; 3 * 2^-10 is halfway between 2^-9 and 2^-8: to 2^-8. 100.7 ->
+  // 104 (steps of 8 in [64, 128)).
+  EXPECT_EQ(q, (std::vector<double>{448, 9, 8, 10, 0, 1.0 / 256, -448, 0, 104}));
+
+  // A partial last group gets its own scale from its own columns; fp8_tensor's one group is the row.
+  std::vector<double> y(130, 0.5);
+  y[3] = -1.0;
+  y[128] = 100.0;
+  y[129] = 3.0;
+  q.assign(130, 0);
+  double scales[2] = {-1, -1};
+  quantize_fp8_row(y.data(), 130, 128, q.data(), scales);
+  EXPECT_EQ(scales[0], 1.0f / 448.0f);
+  EXPECT_EQ(scales[1], 100.0f / 448.0f);
+  EXPECT_EQ(q[3], -448);
+  EXPECT_EQ(q[0], 224);  // 0.5 / (1/448) = 224 within an fp32 ulp; 224 is an e4m3 value
+  EXPECT_EQ(q[128], 448);
+  EXPECT_EQ(q[129], 13);  // 3 / (100 / 448) = 13.44; steps of 1 in [8, 16)
+  quantize_fp8_row(y.data(), 130, 130, q.data(), scales);
+  EXPECT_EQ(scales[0], 100.0f / 448.0f);
+  EXPECT_EQ(q[0], 2.25);  // 0.5 * 4.48 = 2.24 -> 2.25 (steps of 1/4 in [2, 4))
+  EXPECT_THROW(quantize_fp8_row(y.data(), 130, 0, q.data(), scales), std::invalid_argument);
+}
+
+// An all-zero group takes the floor scale 1e-10 / 448 (computed in fp32) and quantizes to zeros,
+// not 0 / 0; a zero token row gives a zero output row.
+TEST(ReferenceFp8, ZeroRowUsesTheScaleFloor) {
+  std::vector<double> x(200, 0.0), q(200, -1);
+  x[150] = 0.25;
+  double scales[2] = {-1, -1};
+  quantize_fp8_row(x.data(), 200, 128, q.data(), scales);
+  EXPECT_EQ(scales[0], 1e-10f / 448.0f);
+  EXPECT_EQ(scales[1], 0.25f / 448.0f);
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(q[i], 0.0) << i;
+  EXPECT_EQ(q[150], 448);
+
+  for (Quant quant : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    MoeConfig c = small_config(2, 1);
+    c.quant = quant;
+    c.hidden = 3;
+    c.moe_intermediate = 2;
+    Weights wt;
+    wt.w13 = std::vector<double>(2 * 4 * 3, 0.5);
+    wt.w2 = std::vector<double>(2 * 3 * 2, -2.0);
+    wt.w13_scale = {1.5, 1.5};
+    wt.w2_scale = {0.75, 0.75};
+    Experts ex = experts(c, 2, {0, 0, 0, 1, -1, 0.5}, {0, 1}, {1.0, 1.0}, wt, {});
+    for (int h = 0; h < 3; ++h) EXPECT_EQ(ex.out[h], 0.0) << h;        // token 0: zeros
+    for (int h = 3; h < 6; ++h) EXPECT_NE(ex.out[h], 0.0) << h;        // token 1: not
+    for (double v : ex.out) EXPECT_TRUE(std::isfinite(v));
+  }
+}
+
+// SPEC.md's fp8 GEMMs written out as the spec states them, per (token, expert) pair: per group g
+// of 128 columns (or the whole row), s_a[g] * scale_w[e][n/128][g] * sum_{k in g} q_a[k] * q_w[e][n][k].
+// The reference instead dequantizes both operands and runs its one GEMM; gated silu only.
+struct SpecFp8 {
+  std::vector<double> out, act, y;  // out [T, H]; act [T*K, I], y [T*K, H] by flat pair
+};
+SpecFp8 spec_fp8(const MoeConfig& c, int64_t T, const std::vector<double>& hidden, const std::vector<int>& ids,
+                 const std::vector<double>& topk_weights, const Weights& w) {
+  const int K = c.topk, s = c.first_local_expert(), e_loc = c.local_experts();
+  const int64_t H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
+  const bool block = c.quant == Quant::Fp8Block;
+  auto blocks = [](int64_t n) { return (n + 127) / 128; };
+  auto quantize = [&](const double* x, int64_t n, std::vector<double>& q, std::vector<double>& scale) {
+    const int64_t group = block ? 128 : n;
+    q.assign(n, 0);
+    scale.assign(blocks(n), 0);
+    for (int64_t g = 0; g * group < n; ++g) {
+      float amax = 0;
+      for (int64_t k = g * group; k < std::min(n, (g + 1) * group); ++k)
+        amax = std::max(amax, std::fabs(static_cast<float>(x[k])));
+      scale[g] = std::max(amax, 1e-10f) / 448.0f;
+      for (int64_t k = g * group; k < std::min(n, (g + 1) * group); ++k)
+        q[k] = fp8::round_e4m3(static_cast<float>(x[k]) / static_cast<float>(scale[g]));
+    }
+  };
+  // out_row[n] = sum_g s_x[g] * scale[n/128][g] * sum_{k in g} q_x[k] * wq[n][k] for wq [rows, cols].
+  auto scaled_gemm = [&](const std::vector<double>& qx, const std::vector<double>& sx, const double* wq, int64_t rows,
+                         int64_t cols, const double* wscale, double* out_row) {
+    const int64_t group = block ? 128 : cols;
+    for (int64_t n = 0; n < rows; ++n) {
+      double acc = 0;
+      for (int64_t g = 0; g * group < cols; ++g) {
+        double partial = 0;
+        for (int64_t k = g * group; k < std::min(cols, (g + 1) * group); ++k) partial += qx[k] * wq[n * cols + k];
+        acc += sx[g] * (block ? wscale[(n / 128) * blocks(cols) + g] : wscale[0]) * partial;
+      }
+      out_row[n] = acc;
+    }
+  };
+  const int64_t s13 = block ? blocks(N1) * blocks(H) : 1, s2 = block ? blocks(H) * blocks(I) : 1;
+  EXPECT_EQ(static_cast<int64_t>(w.w13_scale.size()), e_loc * s13);
+  SpecFp8 r;
+  r.out.assign(T * H, 0);
+  r.act.assign(T * K * I, 0);
+  r.y.assign(T * K * H, 0);
+  std::vector<double> qa, sa, qact, sact, g1(N1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) {
+      const int64_t f = t * K + j;
+      const int l = ids[f] - s;
+      if (l < 0 || l >= e_loc) continue;
+      quantize(hidden.data() + t * H, H, qa, sa);
+      scaled_gemm(qa, sa, w.w13.data() + l * N1 * H, N1, H, w.w13_scale.data() + l * s13, g1.data());
+      for (int64_t i = 0; i < I; ++i) r.act[f * I + i] = silu(g1[i]) * g1[I + i];
+      quantize(r.act.data() + f * I, I, qact, sact);
+      scaled_gemm(qact, sact, w.w2.data() + l * H * I, H, I, w.w2_scale.data() + l * s2, r.y.data() + f * H);
+      for (int64_t h = 0; h < H; ++h) r.out[t * H + h] += topk_weights[f] * r.y[f * H + h];
+    }
+  return r;
+}
+
+// e4m3 weights over the format's range (a normal draw times 2^u per 128 x 128 block, u in
+// [-6, 7]: subnormals to saturation) with fp32 scales spanning six decades, as quant_tensor_shapes
+// lays them out.
+Weights random_fp8_weights(const MoeConfig& c, std::mt19937& rng) {
+  const int64_t EL = c.local_experts(), H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> exponent(-6, 7), decades(-4, 2);
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    std::vector<double> v(EL * rows * cols);
+    std::vector<double> magnitude(EL * ((rows + 127) / 128) * ((cols + 127) / 128));
+    for (double& m : magnitude) m = std::exp2(exponent(rng));
+    const int64_t cb = (cols + 127) / 128, rb = (rows + 127) / 128;
+    for (int64_t e = 0; e < EL; ++e)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < cols; ++k)
+          v[(e * rows + r) * cols + k] =
+              fp8::round_e4m3(normal(rng) * magnitude[(e * rb + r / 128) * cb + k / 128]);
+    return v;
+  };
+  auto scales = [&](const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<double> v(n);
+    for (double& x : v) x = static_cast<float>(std::pow(10.0, decades(rng)));
+    return v;
+  };
+  const QuantTensorShapes shapes = quant_tensor_shapes(c);
+  Weights w;
+  w.w13 = matrix(N1, H);
+  w.w2 = matrix(H, I);
+  w.w13_scale = scales(shapes.w13_scale);
+  w.w2_scale = scales(shapes.w2_scale);
+  return w;
+}
+
+// H and I not multiples of 128 (partial last blocks in every direction: N1 = 272 rows of w13 in
+// 3 row blocks, H = 300 columns in 3 groups, I = 136 in 2), expert parallel rank 1 of 2.
+TEST(ReferenceFp8, MatchesTheSpecFormulasWithPartialBlocks) {
+  for (Quant quant : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    SCOPED_TRACE(std::string(to_string(quant)));
+    MoeConfig c = small_config(8, 2);
+    c.quant = quant;
+    c.hidden = 300;
+    c.moe_intermediate = 136;
+    c.ep_size = 2;
+    c.ep_rank = 1;
+    const int64_t T = 9, H = c.hidden, I = c.local_intermediate();
+    std::mt19937 rng(77);
+    const Weights w = random_fp8_weights(c, rng);
+    std::vector<double> hidden = random_vector(rng, T * H, -2, 2);
+    for (int64_t h = 0; h < H; ++h) hidden[4 * H + h] *= 1000;  // one token far larger than the others
+    for (int64_t h = 128; h < 256; ++h) hidden[5 * H + h] *= 1e-3;  // one group far smaller
+    std::vector<int> ids;
+    std::vector<double> tw = random_vector(rng, T * 2, 0.1, 1);
+    for (int64_t t = 0; t < T; ++t) ids.insert(ids.end(), {static_cast<int>(t % 8), static_cast<int>((t + 3) % 8)});
+    const Experts ex = experts(c, T, hidden, ids, tw, w, {});
+    const SpecFp8 want = spec_fp8(c, T, hidden, ids, tw, w);
+    EXPECT_LE(relative_error(want.out, ex.out), 1e-12);
+    int64_t local = 0;
+    for (int64_t f = 0; f < T * 2; ++f) {
+      const int pos = ex.index.pair_pos[f];
+      if (pos < 0) continue;
+      ++local;
+      const std::vector<double> act(ex.act.begin() + pos * I, ex.act.begin() + (pos + 1) * I);
+      const std::vector<double> y(ex.y.begin() + pos * H, ex.y.begin() + (pos + 1) * H);
+      EXPECT_LE(relative_error(std::vector<double>(want.act.begin() + f * I, want.act.begin() + (f + 1) * I), act),
+                1e-12)
+          << "pair " << f;
+      EXPECT_LE(relative_error(std::vector<double>(want.y.begin() + f * H, want.y.begin() + (f + 1) * H), y), 1e-12)
+          << "pair " << f;
+    }
+    EXPECT_GT(local, 4);
+    // The scales multiply: doubling every w2 scale doubles y exactly (powers of two).
+    Weights other = w;
+    for (double& v : other.w2_scale) v *= 2;
+    const Experts doubled = experts(c, T, hidden, ids, tw, other, {});
+    for (size_t x = 0; x < ex.y.size(); ++x) ASSERT_EQ(doubled.y[x], 2 * ex.y[x]) << x;
+  }
+}
+
+// SPEC.md: a NaN in one token's row may make that token's output non-finite and must not change
+// any other token's.
+TEST(ReferenceFp8, NaNInOneTokenRowStaysInThatToken) {
+  for (Quant quant : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    SCOPED_TRACE(std::string(to_string(quant)));
+    MoeConfig c = small_config(4, 2);
+    c.quant = quant;
+    c.hidden = 200;
+    c.moe_intermediate = 40;
+    const int64_t T = 5, H = c.hidden;
+    std::mt19937 rng(5);
+    const Weights w = random_fp8_weights(c, rng);
+    std::vector<double> hidden = random_vector(rng, T * H, -1, 1);
+    const std::vector<int> ids = {0, 1, 1, 2, 0, 2, 3, 1, 2, 0};  // token 2 shares experts with all others
+    const std::vector<double> tw(T * 2, 0.5), residual = random_vector(rng, T * H, -1, 1);
+    const Experts clean = experts(c, T, hidden, ids, tw, w, residual);
+    hidden[2 * H + 7] = kNaN;
+    const Experts dirty = experts(c, T, hidden, ids, tw, w, residual);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        if (t == 2)
+          ASSERT_TRUE(std::isnan(dirty.out[t * H + h])) << h;
+        else
+          ASSERT_EQ(dirty.out[t * H + h], clean.out[t * H + h]) << "token " << t << " column " << h;
+      }
+  }
+}
+
+// The fp8 layer differs from the unquantized layer over the same (dequantized) weights only by the
+// activations' rounding to e4m3 (3 mantissa bits): a few percent, not zero and not O(1).
+TEST(ReferenceFp8, CloseToTheUnquantizedLayerOnTheDequantizedWeights) {
+  for (Quant quant : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    SCOPED_TRACE(std::string(to_string(quant)));
+    MoeConfig c = small_config(4, 2);
+    c.quant = quant;
+    c.hidden = 256;
+    c.moe_intermediate = 192;
+    const int64_t T = 16, H = c.hidden;
+    std::mt19937 rng(11);
+    const Weights w = random_fp8_weights(c, rng);
+    const std::vector<double> hidden = random_vector(rng, T * H, -1, 1);
+    const std::vector<double> logits = random_vector(rng, T * c.experts, -2, 2);
+    const Layer fp8_layer = layer(c, T, hidden, logits, {}, w, {});
+    MoeConfig plain = c;
+    plain.quant = Quant::None;
+    const Weights dw = dequantized_fp8(c, w);
+    EXPECT_TRUE(dw.w13_scale.empty() && dw.w2_scale.empty());
+    EXPECT_EQ(dw.w13[5], w.w13[5] * w.w13_scale[0]);  // expert 0, row 0, column 5: block (0, 0)
+    const Layer unquantized = layer(plain, T, hidden, logits, {}, dw, {});
+    EXPECT_EQ(fp8_layer.routing.ids, unquantized.routing.ids);
+    const double err = relative_error(unquantized.experts.out, fp8_layer.experts.out);
+    EXPECT_GT(err, 1e-2);
+    EXPECT_LT(err, 0.1);
+    EXPECT_LE(relative_error(unquantized.experts.act, fp8_layer.experts.act), 0.1);
+  }
+}
+
+TEST(ReferenceFp8, RejectsScaleTensorsOfTheWrongShape) {
+  MoeConfig c = small_config(2, 1);
+  c.quant = Quant::Fp8Block;
+  c.hidden = 200;
+  c.moe_intermediate = 64;
+  std::mt19937 rng(3);
+  Weights w = random_fp8_weights(c, rng);
+  EXPECT_EQ(w.w13_scale.size(), 2u * 1 * 2);  // [E_loc, ceil(128/128), ceil(200/128)]
+  EXPECT_EQ(w.w2_scale.size(), 2u * 2 * 1);   // [E_loc, ceil(200/128), ceil(64/128)]
+  const std::vector<double> hidden(200, 1.0);
+  EXPECT_NO_THROW(experts(c, 1, hidden, {0}, {1.0}, w, {}));
+  Weights per_channel = w;
+  per_channel.w13_scale.assign(2 * 128, 1.0);  // w8a8's [E_loc, N1]
+  EXPECT_THROW(experts(c, 1, hidden, {0}, {1.0}, per_channel, {}), std::invalid_argument);
+  Weights missing = w;
+  missing.w2_scale.clear();
+  EXPECT_THROW(experts(c, 1, hidden, {0}, {1.0}, missing, {}), std::invalid_argument);
+  c.quant = Quant::Fp8Tensor;  // [E_loc] each
+  EXPECT_THROW(experts(c, 1, hidden, {0}, {1.0}, w, {}), std::invalid_argument);
+  w.w13_scale = {0.5, 2.0};
+  w.w2_scale = {1.0, 4.0};
+  EXPECT_NO_THROW(experts(c, 1, hidden, {0}, {1.0}, w, {}));
+  c.quant = Quant::W8A8Int8;
+  EXPECT_THROW(dequantized_fp8(c, w), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------- quantize_row, relative_error

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "common/fp8.h"
+
 namespace moejit::test {
 
 // ---------------------------------------------------------------------------------------------
@@ -36,6 +38,7 @@ int elem_bytes(Elem elem) {
     case Elem::FP32:
       return 4;
     case Elem::I8:
+    case Elem::E4M3:
       return 1;
   }
   return 0;
@@ -51,6 +54,8 @@ float round_to(Elem elem, float v) {
       return v;
     case Elem::I8:
       return v;
+    case Elem::E4M3:
+      return static_cast<float>(fp8::round_e4m3(v));
   }
   return v;
 }
@@ -77,6 +82,9 @@ void encode(Elem elem, float v, uint8_t* dst) {
       std::memcpy(dst, &q, 1);
       return;
     }
+    case Elem::E4M3:
+      *dst = fp8::encode_e4m3(v);
+      return;
   }
 }
 
@@ -99,6 +107,8 @@ double decode(Elem elem, const uint8_t* src) {
     }
     case Elem::I8:
       return static_cast<int8_t>(*src);
+    case Elem::E4M3:
+      return fp8::decode_e4m3(*src);
   }
   return 0;
 }
@@ -154,8 +164,11 @@ std::string short_config(const MoeConfig& c) {
 }
 
 std::string Problem::describe() const {
-  return fmt::format("[{} T={}{} seed={:#x}/{:#x}] reproduce: {}", short_config(config), tokens,
-                     residual.count ? " residual" : "", seed, activation_seed, reproduce);
+  const std::string scales = fp8() && options.fp8_scale_max > 0
+                                 ? fmt::format(" fp8 scales {:g}..{:g}", options.fp8_scale_min, options.fp8_scale_max)
+                                 : "";
+  return fmt::format("[{} T={}{}{} seed={:#x}/{:#x}] reproduce: {}", short_config(config), tokens,
+                     residual.count ? " residual" : "", scales, seed, activation_seed, reproduce);
 }
 
 Problem Problem::for_rank(int ep_size, int ep_rank) const {
@@ -231,30 +244,96 @@ void fill_activations(Problem& p) {
 
 uint64_t slice_id(Tensor t, int expert) { return (static_cast<uint64_t>(t) << 32) | static_cast<uint32_t>(expert); }
 
+// The blocks of one expert's fp8 matrix (W13 [N1, H] or W2 [H, I]): 128 x 128 for fp8_block, the
+// whole matrix for fp8_tensor. Block b's e4m3 values are normal draws times magnitude[b] and its
+// fp32 scale is scale[b] (ProblemOptions::fp8_scale_min says how the two are drawn). The weight
+// and the scale generators both derive them from the scale tensor's seed, so they agree.
+struct Fp8Blocks {
+  int64_t cols = 0, rows_per_block = 1, cols_per_block = 1, col_blocks = 1;
+  std::vector<double> magnitude;
+  std::vector<float> scale;
+};
+
+Fp8Blocks fp8_blocks(const Problem& p, Tensor matrix, int global_expert) {
+  const MoeConfig& c = p.config;
+  const bool w13 = matrix == Tensor::W13 || matrix == Tensor::W13Scale;
+  const int64_t rows = w13 ? c.gemm1_rows() : c.hidden, cols = w13 ? c.hidden : c.local_intermediate();
+  const bool block = c.quant == Quant::Fp8Block;
+  Fp8Blocks b;
+  b.cols = cols;
+  b.rows_per_block = block ? kFp8BlockSize : rows;
+  b.cols_per_block = block ? kFp8BlockSize : cols;
+  b.col_blocks = (cols + b.cols_per_block - 1) / b.cols_per_block;
+  const int64_t count = (rows + b.rows_per_block - 1) / b.rows_per_block * b.col_blocks;
+  // The dequantized weights' standard deviation: unit-variance GEMM outputs for unit-variance inputs.
+  const double target = 1.0 / std::sqrt(static_cast<double>(cols));
+  const CounterRng rng(p.seed, slice_id(w13 ? Tensor::W13Scale : Tensor::W2Scale, global_expert));
+  const double lo = p.options.fp8_scale_min, hi = p.options.fp8_scale_max;
+  b.magnitude.resize(count);
+  b.scale.resize(count);
+  for (int64_t i = 0; i < count; ++i) {
+    if (hi > 0) {
+      b.scale[i] = static_cast<float>(std::exp(rng.uniform(i, std::log(lo), std::log(hi))));
+      b.magnitude[i] = std::clamp(target / b.scale[i], 0x1.0p-6, 0x1.0p6);
+    } else {
+      b.magnitude[i] = std::exp2(rng.uniform(i, -5.0, 7.0));
+      b.scale[i] = static_cast<float>(target / b.magnitude[i]);
+    }
+  }
+  return b;
+}
+
 // The values of one global expert's slice of a per-expert tensor, before rounding to the storage
 // type (parameters hoisted out of the per-element loop: the full-size presets draw 37 G values).
 struct WeightGen {
+  enum class Kind { Uniform, Int8, Fp8Weight, Fp8Scale };
   CounterRng rng;
-  bool int8 = false;
+  Kind kind = Kind::Uniform;
   double lo = -1, hi = 1, scale = 1;
+  Fp8Blocks fp8 = {};
   float operator()(int64_t i) const {
-    if (int8) return static_cast<float>(static_cast<int>(rng.bits(i) % 255u) - 127);
+    switch (kind) {
+      case Kind::Uniform:
+        break;
+      case Kind::Int8:
+        return static_cast<float>(static_cast<int>(rng.bits(i) % 255u) - 127);
+      case Kind::Fp8Weight: {
+        const int64_t row = i / fp8.cols, col = i % fp8.cols;
+        const int64_t b = row / fp8.rows_per_block * fp8.col_blocks + col / fp8.cols_per_block;
+        return static_cast<float>(normal(i) * fp8.magnitude[b]);
+      }
+      case Kind::Fp8Scale:
+        return fp8.scale[i];
+    }
     return static_cast<float>(rng.uniform(i, lo, hi) * scale);
+  }
+  // A standard normal draw (Box-Muller on the two 32-bit halves of one draw; |z| < 6.8).
+  double normal(int64_t i) const {
+    const uint64_t bits = rng.bits(i);
+    const double u1 = (static_cast<double>(bits >> 32) + 0.5) * 0x1.0p-32;
+    const double u2 = static_cast<double>(bits & 0xffffffffu) * 0x1.0p-32;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
 };
 
-WeightGen weight_gen(const MoeConfig& c, Tensor t, uint64_t seed, int global_expert) {
+WeightGen weight_gen(const Problem& p, Tensor t, int global_expert) {
+  const MoeConfig& c = p.config;
   const double H = static_cast<double>(c.hidden), I = static_cast<double>(c.local_intermediate());
   const bool w8a8 = c.quant == Quant::W8A8Int8;
-  WeightGen g{CounterRng(seed, slice_id(t, global_expert))};
+  WeightGen g{CounterRng(p.seed, slice_id(t, global_expert))};
+  if (p.fp8() && (t == Tensor::W13 || t == Tensor::W2 || t == Tensor::W13Scale || t == Tensor::W2Scale)) {
+    g.kind = t == Tensor::W13 || t == Tensor::W2 ? WeightGen::Kind::Fp8Weight : WeightGen::Kind::Fp8Scale;
+    g.fp8 = fp8_blocks(p, t, global_expert);
+    return g;
+  }
   switch (t) {
     // w ~ U(-1,1) * sqrt(3/fan_in): unit-variance GEMM outputs for unit-variance inputs.
     case Tensor::W13:
-      g.int8 = w8a8;
+      if (w8a8) g.kind = WeightGen::Kind::Int8;
       g.scale = std::sqrt(3.0 / H);
       return g;
     case Tensor::W2:
-      g.int8 = w8a8;
+      if (w8a8) g.kind = WeightGen::Kind::Int8;
       g.scale = std::sqrt(3.0 / I);
       return g;
     // Per-channel scales that vary by a factor 3, so a kernel that used the wrong channel's scale
@@ -284,6 +363,11 @@ WeightGen weight_gen(const MoeConfig& c, Tensor t, uint64_t seed, int global_exp
 Problem make_problem(const MoeConfig& config, int64_t tokens, uint64_t seed, const std::string& reproduce,
                      const ProblemOptions& options) {
   validate(config);
+  if (is_fp8(config.quant) && options.fp8_scale_max > 0 &&
+      !(options.fp8_scale_min > 0 && options.fp8_scale_min <= options.fp8_scale_max))
+    throw std::runtime_error(fmt::format("test harness: fp8_scale_min {} and fp8_scale_max {} are not a range of "
+                                         "positive scales",
+                                         options.fp8_scale_min, options.fp8_scale_max));
   Problem p;
   p.config = config;
   p.tokens = tokens;
@@ -316,23 +400,31 @@ void redraw_activations(Problem& p, uint64_t seed) {
 }
 
 Elem weight_elem(const MoeConfig& c, Tensor t) {
-  if (t == Tensor::W13 || t == Tensor::W2) return c.quant == Quant::W8A8Int8 ? Elem::I8 : elem_of(c.dtype);
+  if (t == Tensor::W13 || t == Tensor::W2)
+    return c.quant == Quant::W8A8Int8 ? Elem::I8 : is_fp8(c.quant) ? Elem::E4M3 : elem_of(c.dtype);
   return Elem::FP32;
 }
 
 int64_t expert_elems(const MoeConfig& c, Tensor t) {
   const int64_t H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
+  // [E_loc, ...] -> the product of the dimensions after the first; an absent tensor has none.
+  auto per_expert = [](const std::vector<int64_t>& shape) {
+    if (shape.empty()) return int64_t{0};
+    int64_t n = 1;
+    for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+    return n;
+  };
   switch (t) {
     case Tensor::W13:
       return N1 * H;
     case Tensor::W2:
       return H * I;
     case Tensor::W13Scale:
-      return N1;
+      return per_expert(quant_tensor_shapes(c).w13_scale);
     case Tensor::W2Scale:
-      return H;
+      return per_expert(quant_tensor_shapes(c).w2_scale);
     case Tensor::ActSmooth:
-      return I;
+      return per_expert(quant_tensor_shapes(c).act_smooth);
     default:
       return 0;
   }
@@ -340,7 +432,7 @@ int64_t expert_elems(const MoeConfig& c, Tensor t) {
 
 void expert_bytes(const Problem& p, Tensor t, int global_expert, uint8_t* dst) {
   const Elem elem = weight_elem(p.config, t);
-  const WeightGen gen = weight_gen(p.config, t, p.seed, global_expert);
+  const WeightGen gen = weight_gen(p, t, global_expert);
   const int64_t n = expert_elems(p.config, t);
   switch (elem) {  // one loop per storage type, no per-element dispatch
     case Elem::BF16:
@@ -364,12 +456,15 @@ void expert_bytes(const Problem& p, Tensor t, int global_expert, uint8_t* dst) {
     case Elem::I8:
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(static_cast<int8_t>(gen(i)));
       return;
+    case Elem::E4M3:
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp8::encode_e4m3(gen(i));
+      return;
   }
 }
 
 void expert_doubles(const Problem& p, Tensor t, int global_expert, double* dst) {
   const Elem elem = weight_elem(p.config, t);
-  const WeightGen gen = weight_gen(p.config, t, p.seed, global_expert);
+  const WeightGen gen = weight_gen(p, t, global_expert);
   const int64_t n = expert_elems(p.config, t);
   for (int64_t i = 0; i < n; ++i) dst[i] = round_to(elem, gen(i));
 }
@@ -396,6 +491,10 @@ reference::Weights reference_weights(const Problem& p) {
     fill(w.w2_scale, Tensor::W2Scale);
     fill(w.act_smooth, Tensor::ActSmooth);
     w.input_smooth.assign(p.input_smooth.begin(), p.input_smooth.end());
+  }
+  if (p.fp8()) {
+    fill(w.w13_scale, Tensor::W13Scale);
+    fill(w.w2_scale, Tensor::W2Scale);
   }
   return w;
 }
@@ -457,6 +556,10 @@ DeviceInputs upload(const Problem& p) {
     d.act_smooth = upload_weight(p, Tensor::ActSmooth);
     d.input_smooth = upload_bytes(p.input_smooth.data(), p.input_smooth.size() * 4);
   }
+  if (p.fp8()) {
+    d.w13_scale = upload_weight(p, Tensor::W13Scale);
+    d.w2_scale = upload_weight(p, Tensor::W2Scale);
+  }
   return d;
 }
 
@@ -489,16 +592,17 @@ std::vector<uint8_t> GpuRun::raw(int64_t offset, size_t bytes) const {
 }
 
 std::vector<double> GpuRun::rows_of(const char* which, int64_t begin, int64_t end) const {
-  const bool w8a8 = config.quant == Quant::W8A8Int8;
+  // Quantized layers keep the activation in fp32 (act_f32) for its re-quantization.
+  const bool quantized = is_quantized(config.quant);
   const bool act = std::string(which) == "act";
-  const int64_t offset = act ? (w8a8 ? offsets.act_f32 : offsets.act) : offsets.y;
+  const int64_t offset = act ? (quantized ? offsets.act_f32 : offsets.act) : offsets.y;
   if (offset < 0)
     throw std::runtime_error(
         fmt::format("workspace_offsets() gives no '{}' buffer for this config ({}); the test "
                     "reads it to check the stage",
-                    act ? (w8a8 ? "act_f32" : "act") : "y", short_config(config)));
+                    act ? (quantized ? "act_f32" : "act") : "y", short_config(config)));
   const int64_t cols = act ? config.local_intermediate() : config.hidden;
-  const Elem elem = act && w8a8 ? Elem::FP32 : elem_of(config.dtype);
+  const Elem elem = act && quantized ? Elem::FP32 : elem_of(config.dtype);
   const int eb = elem_bytes(elem);
   std::vector<uint8_t> bytes = raw(offset + begin * cols * eb, static_cast<size_t>((end - begin) * cols * eb));
   std::vector<double> v(static_cast<size_t>((end - begin) * cols));
@@ -584,7 +688,9 @@ Tolerances tolerances_for(const MoeConfig& c) {
   // SPEC.md: relative Frobenius error against float64 on the same rounded inputs. act and y are
   // stored in the model dtype, so for bf16/fp16 they carry one rounding each (about 2^-9
   // relative for bf16) and get the layer's tolerance; fp32 stores exact fp32 results.
+  // Quantized: against the reference that quantizes the activations by the same rule (SPEC.md).
   if (c.quant == Quant::W8A8Int8) return {5e-2, 5e-2, 5e-2, 5e-2};
+  if (is_fp8(c.quant)) return {2e-2, 2e-2, 2e-2, 2e-2};
   if (c.dtype == DType::FP32) return {1e-5, 1e-5, 1e-5, 1e-5};
   return {2e-2, 2e-2, 2e-2, 2e-2};
 }
@@ -642,6 +748,44 @@ void compare_quantized(const std::vector<double>& x, const int8_t* q_gpu, float 
     if (d > 1) q_far.add(fmt::format("{} row {} col {}: q {} vs reference {}", what, pos, i, int(q_gpu[i]), q[i]));
     if (d == 1) ++q_off_by_one;
   }
+}
+
+// An e4m3 code's place on the number line: the codes of one sign are ordered by magnitude, so the
+// difference of two places counts the representable values between them (+0 and -0 are one).
+int e4m3_place(uint8_t code) { return (code & 0x80) ? -(code & 0x7f) : (code & 0x7f); }
+
+// The e4m3 steps between two codes; NaN matches only NaN.
+int e4m3_steps(uint8_t a, uint8_t b) {
+  const bool a_nan = (a & 0x7f) == 0x7f, b_nan = (b & 0x7f) == 0x7f;
+  if (a_nan || b_nan) return a_nan && b_nan ? 0 : 1000;
+  return std::abs(e4m3_place(a) - e4m3_place(b));
+}
+
+// fp8 quantization of one row (per `group` columns) compared with reference::quantize_fp8_row on
+// the same values: the scales must agree to fp32 rounding (both compute max(amax, 1e-10) / 448 in
+// fp32), and a code may be one e4m3 step off only where x / s lands within fp32 rounding of a
+// rounding boundary (an approximate division), which is rare.
+void compare_fp8(const std::vector<double>& x, const uint8_t* q_gpu, const float* scale_gpu, int64_t group,
+                 const char* what, int64_t row, Examples& scale_bad, Examples& q_far, int64_t& q_off_by_one) {
+  const int64_t n = static_cast<int64_t>(x.size()), groups = (n + group - 1) / group;
+  std::vector<double> q(n), scale(groups);
+  reference::quantize_fp8_row(x.data(), n, group, q.data(), scale.data());
+  for (int64_t g = 0; g < groups; ++g)
+    if (!(std::fabs(scale_gpu[g] - scale[g]) <= 1e-6 * scale[g]))
+      scale_bad.add(fmt::format("{} row {} group {}: scale {} vs reference {}", what, row, g, scale_gpu[g], scale[g]));
+  for (int64_t i = 0; i < n; ++i) {
+    const int d = e4m3_steps(q_gpu[i], fp8::encode_e4m3(q[i]));
+    if (d > 1)
+      q_far.add(fmt::format("{} row {} col {}: q {} (0x{:02x}) vs reference {}", what, row, i,
+                            fp8::decode_e4m3(q_gpu[i]), q_gpu[i], q[i]));
+    if (d == 1) ++q_off_by_one;
+  }
+}
+
+std::vector<float> floats_of(const std::vector<uint8_t>& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
 }
 
 }  // namespace
@@ -741,10 +885,20 @@ ReferenceExperts reference_experts(const Problem& p, const std::vector<int64_t>&
       compact.act_smooth.resize(u * I);
       compact.input_smooth.resize(u * H);
     }
+    // (expert_elems is the same for config and c: per-expert sizes do not depend on E.)
+    const int64_t s13 = expert_elems(c, Tensor::W13Scale), s2 = expert_elems(c, Tensor::W2Scale);
+    if (p.fp8()) {
+      compact.w13_scale.resize(u * s13);
+      compact.w2_scale.resize(u * s2);
+    }
     parallel_for(u, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) {
         expert_doubles(p, Tensor::W13, used[k], compact.w13.data() + k * N1 * H);
         expert_doubles(p, Tensor::W2, used[k], compact.w2.data() + k * H * I);
+        if (p.fp8()) {
+          expert_doubles(p, Tensor::W13Scale, used[k], compact.w13_scale.data() + k * s13);
+          expert_doubles(p, Tensor::W2Scale, used[k], compact.w2_scale.data() + k * s2);
+        }
         if (!p.w8a8()) continue;
         expert_doubles(p, Tensor::W13Scale, used[k], compact.w13_scale.data() + k * N1);
         expert_doubles(p, Tensor::W2Scale, used[k], compact.w2_scale.data() + k * H);
@@ -927,19 +1081,21 @@ bool check_stages(const Problem& p, const GpuRun& run, const CheckOptions& optio
     if (!(err <= tol.layer)) f.add(fmt::format("output against reference::layer exceeds {}: {:.3g}", tol.layer, err));
   }
 
+  // A quantized workspace buffer of `count` rows: one copy of the whole buffer when every row is
+  // checked, else the sampled rows one by one.
+  auto reader = [&](int64_t offset, int64_t row_bytes, int64_t count = -1) {
+    if (count < 0) count = rows;
+    std::vector<uint8_t> whole = all_tokens ? run.raw(offset, count * row_bytes) : std::vector<uint8_t>{};
+    return [&run, offset, row_bytes, whole = std::move(whole)](int64_t pos) {
+      if (!whole.empty() || row_bytes == 0)
+        return std::vector<uint8_t>(whole.begin() + pos * row_bytes, whole.begin() + (pos + 1) * row_bytes);
+      return run.raw(offset + pos * row_bytes, row_bytes);
+    };
+  };
   if (p.w8a8()) {
     // Stage 3 (expand + quantize) and the re-quantization after GEMM 1, row by row.
     Examples scale_bad, q_far;
     int64_t off_by_one = 0, elements = 0;
-    // One copy of each whole buffer when every row is checked, else the sampled rows one by one.
-    auto reader = [&](int64_t offset, int64_t row_bytes) {
-      std::vector<uint8_t> whole = all_tokens ? run.raw(offset, rows * row_bytes) : std::vector<uint8_t>{};
-      return [&run, offset, row_bytes, whole = std::move(whole)](int64_t pos) {
-        if (!whole.empty() || row_bytes == 0)
-          return std::vector<uint8_t>(whole.begin() + pos * row_bytes, whole.begin() + (pos + 1) * row_bytes);
-        return run.raw(offset + pos * row_bytes, row_bytes);
-      };
-    };
     const auto a_q = reader(run.offsets.a_q, H), a_scale = reader(run.offsets.a_scale, 4);
     const auto act_q = reader(run.offsets.act_q, I), act_scale = reader(run.offsets.act_scale, 4);
     auto as_float = [](const std::vector<uint8_t>& b) {
@@ -967,6 +1123,70 @@ bool check_stages(const Problem& p, const GpuRun& run, const CheckOptions& optio
     if (off_by_one > std::max<int64_t>(8, elements / 1000))
       f.add(fmt::format("w8a8 quantized values differ by one step {} times in {} (rounding should make that rare)",
                         off_by_one, elements));
+  }
+
+  if (p.fp8()) {
+    // Stage 3 quantizes each token's hidden row once (a_q [T, H], a_scale [T, groups(H)]); GEMM 1
+    // reads the rows of tokens with a local pair, so those are checked (others may be skipped).
+    // After GEMM 1 each expert row's act_f32 is quantized (act_q [T*K, I], act_scale [T*K,
+    // groups(I)]); compared on the GPU's own act_f32, so GEMM 1's error does not enter.
+    const bool block = c.quant == Quant::Fp8Block;
+    const int64_t groups_h = activation_scale_groups(c, H), groups_i = activation_scale_groups(c, I);
+    Examples scale_bad, q_far;
+    int64_t off_by_one = 0, elements = 0;
+    const auto a_q = reader(run.offsets.a_q, H, T), a_scale = reader(run.offsets.a_scale, groups_h * 4, T);
+    const auto act_q = reader(run.offsets.act_q, I), act_scale = reader(run.offsets.act_scale, groups_i * 4);
+    for (int64_t i = 0; i < n; ++i) {
+      bool used = false;
+      for (int j = 0; j < K; ++j) used = used || re.local[i * K + j];
+      if (!used) continue;
+      const int64_t t = sample[i];
+      compare_fp8(p.hidden.doubles(t * H, (t + 1) * H), a_q(t).data(), floats_of(a_scale(t)).data(),
+                  block ? kFp8BlockSize : H, "a_q", t, scale_bad, q_far, off_by_one);
+      elements += H;
+    }
+    for (size_t k = 0; k < pair_pos.size(); ++k) {
+      const int64_t pos = pair_pos[k];
+      const std::vector<double> act_row(gpu_act.begin() + k * I, gpu_act.begin() + (k + 1) * I);
+      compare_fp8(act_row, act_q(pos).data(), floats_of(act_scale(pos)).data(), block ? kFp8BlockSize : I, "act_q",
+                  pos, scale_bad, q_far, off_by_one);
+      elements += I;
+    }
+    if (scale_bad.count)
+      f.add(fmt::format("fp8 activation scales differ from the reference {} times:{}", scale_bad.count,
+                        scale_bad.text));
+    if (q_far.count)
+      f.add(fmt::format("fp8 quantized values differ by more than one e4m3 step {} times:{}", q_far.count,
+                        q_far.text));
+    if (off_by_one > std::max<int64_t>(8, elements / 1000))
+      f.add(fmt::format("fp8 quantized values differ by one e4m3 step {} times in {} (rounding should make that rare)",
+                        off_by_one, elements));
+
+    // SPEC.md: the error against the unquantized layer (the dequantized weights, activations not
+    // quantized) is reported, not checked; on up to 64 of the checked tokens, small weights only.
+    if (full && weight_elements(c) <= (int64_t{16} << 20)) {
+      const int64_t m = std::min<int64_t>(n, 64);
+      MoeConfig plain = c;
+      plain.quant = Quant::None;
+      std::vector<double> hidden(m * H), residual, tw(m * K);
+      std::vector<int> ids(m * K);
+      if (p.residual.count) residual.resize(m * H);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = sample[i];
+        for (int64_t h = 0; h < H; ++h) hidden[i * H + h] = p.hidden.at(t * H + h);
+        if (p.residual.count)
+          for (int64_t h = 0; h < H; ++h) residual[i * H + h] = p.residual.at(t * H + h);
+        for (int j = 0; j < K; ++j) {
+          ids[i * K + j] = run.topk_ids[t * K + j];
+          tw[i * K + j] = gpu_weights[t * K + j];
+        }
+      }
+      const reference::Experts unquantized =
+          reference::experts(plain, m, hidden, ids, tw, reference::dequantized_fp8(c, *full), residual);
+      const double err = reference::relative_error(
+          unquantized.out, std::vector<double>(gpu_out.begin(), gpu_out.begin() + m * H));
+      ::testing::Test::RecordProperty(fmt::format("fp8_error_vs_unquantized_T{}", T), fmt::format("{:.4g}", err));
+    }
   }
   return f.ok();
 }

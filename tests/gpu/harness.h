@@ -16,11 +16,12 @@
 namespace moejit::test {
 
 // ---------------------------------------------------------------------------------------------
-// Element types as stored on the device.
-enum class Elem { BF16, FP16, FP32, I8 };
+// Element types as stored on the device. E4M3: float8_e4m3fn (common/fp8.h).
+enum class Elem { BF16, FP16, FP32, I8, E4M3 };
 Elem elem_of(DType dtype);
 int elem_bytes(Elem elem);
-// The value `v` becomes when stored as `elem` (round to nearest even; int8 values must be integral).
+// The value `v` becomes when stored as `elem` (round to nearest even; int8 values must be integral;
+// e4m3 saturates to +-448).
 float round_to(Elem elem, float v);
 void encode(Elem elem, float v, uint8_t* dst);
 double decode(Elem elem, const uint8_t* src);
@@ -67,6 +68,15 @@ struct ProblemOptions {
   // Redraw equal logits within a row, so the routing reference rarely reports ties and the ids
   // check stays strict (hostile tests turn this off and write their own logits).
   bool distinct_logits = true;
+  // fp8 weight scales. By default (both 0) each block's e4m3 values (fp8_block: a 128 x 128 block;
+  // fp8_tensor: the whole expert matrix) are a normal draw times a random magnitude 2^u, u in
+  // [-5, 7] (subnormals to saturation), and the block's fp32 scale undoes that magnitude, so the
+  // dequantized weights give the unit-variance GEMM outputs of the 16-bit dtypes. With a range,
+  // every scale is log-uniform in [fp8_scale_min, fp8_scale_max] (e.g. 1e-6..1e4, values a 16-bit
+  // or approximate scale path would lose) and the e4m3 values compensate as far as e4m3 reaches
+  // (magnitude clamped to [2^-6, 2^6]), so the dequantized weights then differ in magnitude from
+  // block to block by up to the range's width: bf16 keeps such outputs in range, fp16 may not.
+  double fp8_scale_min = 0, fp8_scale_max = 0;
 };
 
 struct Problem {
@@ -83,6 +93,7 @@ struct Problem {
   std::vector<float> input_smooth;  // [E, H]; w8a8 only (global, as every rank receives it)
 
   bool w8a8() const { return config.quant == Quant::W8A8Int8; }
+  bool fp8() const { return is_fp8(config.quant); }
   bool noaux() const { return config.topk_method == TopkMethod::NoauxTc; }
   std::vector<double> bias_doubles() const { return {bias.begin(), bias.end()}; }
   // One line: the config's fields that matter, T, the seed and how to reproduce.
@@ -98,6 +109,9 @@ Problem make_problem(const MoeConfig& config, int64_t tokens, uint64_t seed, con
 void redraw_activations(Problem& problem, uint64_t seed);
 
 // Weights: element type, elements per expert, and one global expert's slice in storage order.
+// The scale tensors (W13Scale, W2Scale) have quant_tensor_shapes(config)'s shapes: per expert
+// N1 / H (w8a8), ceil(N1/128) * ceil(H/128) / ceil(H/128) * ceil(I/128) (fp8_block), 1
+// (fp8_tensor); none without quantization.
 Elem weight_elem(const MoeConfig& config, Tensor t);
 int64_t expert_elems(const MoeConfig& config, Tensor t);
 void expert_bytes(const Problem& p, Tensor t, int global_expert, uint8_t* dst);
@@ -108,7 +122,8 @@ int64_t weight_elements(const MoeConfig& config);
 // (compaction), e.g. the full-size presets (up to 17 G weights).
 constexpr int64_t kMaterializeLimit = int64_t{320} << 20;  // 2.5 GB of doubles
 
-// The rank's weights as the reference wants them ([E_loc, ...] doubles, input_smooth [E, H]).
+// The rank's weights as the reference wants them ([E_loc, ...] doubles, input_smooth [E, H];
+// fp8: e4m3 values and their scales).
 reference::Weights reference_weights(const Problem& p);
 
 // ---------------------------------------------------------------------------------------------
@@ -147,8 +162,8 @@ struct GpuRun {
   std::vector<uint8_t> host_workspace;
 
   double out_at(int64_t i) const;
-  // Rows [begin, end) of an expert-sorted workspace buffer as doubles: "act" (act_f32 for w8a8)
-  // or "y".
+  // Rows [begin, end) of an expert-sorted workspace buffer as doubles: "act" (act_f32 for w8a8
+  // and fp8) or "y".
   std::vector<double> rows_of(const char* which, int64_t begin, int64_t end) const;
   std::vector<uint8_t> raw(int64_t offset, size_t bytes) const;  // workspace bytes
 };
@@ -185,11 +200,16 @@ struct CheckOptions {
 };
 
 // Compares every stage with the reference; every mismatch is a non-fatal gtest failure carrying
-// p.describe(). Returns true when everything matched.
+// p.describe(). Returns true when everything matched. Quantized configs also get their
+// quantizations compared with the reference's rule on the same values: w8a8's a_q / act_q rows;
+// fp8's a_q / a_scale of each checked token that has a local pair (GEMM 1 reads only those) and
+// act_q / act_scale of each checked expert row (from the GPU's own act_f32). For fp8 the output's
+// error against the unquantized layer over the dequantized weights (SPEC.md: reported) is recorded
+// as the test property fp8_error_vs_unquantized, for problems small enough, and not checked.
 bool check_run(const Problem& p, const GpuRun& run, const CheckOptions& options = {});
 
 // Stages 2-6 only, for a run of Layer::experts whose routing the caller gave (run.topk_ids and
-// run.topk_weights hold it): index, expert rows, output and the w8a8 quantizations.
+// run.topk_weights hold it): index, expert rows, output and the w8a8 / fp8 quantizations.
 bool check_experts_run(const Problem& p, const GpuRun& run, const CheckOptions& options = {});
 
 // Checks only what holds whatever the logits are: ids in range and distinct per row, weights and

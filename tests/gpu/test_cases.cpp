@@ -34,6 +34,7 @@ std::vector<int64_t> preset_tokens(const PresetCase& pc) {
 std::string preset_case_name(const PresetCase& pc) {
   std::string name = pc.preset + "_" + std::string(to_string(pc.dtype));
   if (pc.quant == Quant::W8A8Int8) name += "_w8a8";
+  if (is_fp8(pc.quant)) name += "_" + std::string(to_string(pc.quant));
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -52,10 +53,29 @@ std::vector<PresetCase> w8a8_preset_cases() {
           {"mixtral-8x7b", DType::BF16, Quant::W8A8Int8, false}};
 }
 
+std::vector<PresetCase> fp8_preset_cases() {
+  // Block scaling (the published fp8 checkpoints' kind) for every preset, mostly bf16; the scaled
+  // sizes leave partial last blocks where I / 8 is not a multiple of 128 (qwen3-30b-a3b 96,
+  // deepseek-v2-lite and glm-4.5-air 176, qwen3-next 64). Per-tensor scaling for three.
+  std::vector<PresetCase> v;
+  for (const auto& name : preset_names()) {
+    const bool fp16 = name == "qwen3-30b-a3b" || name == "glm-4.5-air";
+    v.push_back({name, fp16 ? DType::FP16 : DType::BF16, Quant::Fp8Block, false});
+  }
+  v.push_back({"mixtral-8x7b", DType::BF16, Quant::Fp8Tensor, false});
+  v.push_back({"qwen3-30b-a3b", DType::FP16, Quant::Fp8Tensor, false});
+  v.push_back({"deepseek-v3", DType::BF16, Quant::Fp8Tensor, false});
+  return v;
+}
+
 std::vector<PresetCase> full_size_preset_cases() {
   std::vector<PresetCase> v;
   for (const auto& name : preset_names()) v.push_back({name, DType::BF16, Quant::None, true});
   return v;
+}
+
+std::vector<PresetCase> fp8_full_size_preset_cases() {
+  return {{"deepseek-v3", DType::BF16, Quant::Fp8Block, true}, {"kimi-k2", DType::BF16, Quant::Fp8Block, true}};
 }
 
 RandomCase random_case(int i) {
@@ -76,6 +96,12 @@ RandomCase random_case(int i) {
   const int64_t T = kTokens[i % std::size(kTokens)];
   const DType dtype = kDTypes[i % 3];
   const bool w8a8 = dtype != DType::FP32 && i % 7 == 3;
+  // fp8 (16-bit dtypes only): block scaling two draws in three, per-tensor the third; weight
+  // scales spanning 1e-6..1e4 in every other bf16 draw (fp16 outputs could leave fp16's range).
+  const bool fp8 = dtype != DType::FP32 && i % 7 == 5;
+  // (i / 21: the fp8 draws of one dtype are 21 apart, so i / 7 would tie the choice to the dtype.)
+  const Quant fp8_quant = (i / 21) % 3 == 1 ? Quant::Fp8Tensor : Quant::Fp8Block;
+  const bool wide_scales = fp8 && dtype == DType::BF16 && (i / 21) % 2 == 0;
   const int ep_size = i % 4 == 1 ? 2 : 1;
 
   for (int attempt = 0; attempt < 100000; ++attempt) {
@@ -102,10 +128,11 @@ RandomCase random_case(int i) {
     c.routed_scaling_factor = coin(0.5) ? 1.0 : pick(kScales);
     c.dtype = dtype;
     c.router_dtype = coin(0.5) ? dtype : DType::FP32;
-    c.quant = w8a8 ? Quant::W8A8Int8 : Quant::None;
+    c.quant = w8a8 ? Quant::W8A8Int8 : fp8 ? fp8_quant : Quant::None;
     c.activation = pick(kActivations);
     c.gated = coin(0.75);
     c.weight_layout = coin(0.5) ? WeightLayout::NK : WeightLayout::KN;
+    if (fp8) c.weight_layout = WeightLayout::NK;  // the only fp8 layout
     c.ep_size = ep_size;
     c.ep_rank = static_cast<int>(uniform(0, ep_size - 1));
     c.tp_size = coin(0.15) ? 2 : 1;
@@ -122,7 +149,12 @@ RandomCase random_case(int i) {
     // ... and the expert rows the check holds as doubles (act and y, T*K*(I+H) values, a few
     // copies each).
     if (T * c.topk * (c.hidden + c.local_intermediate()) > (int64_t{24} << 20)) continue;
-    return {c, T, coin(0.4)};
+    RandomCase rc{c, T, coin(0.4)};
+    if (wide_scales) {
+      rc.fp8_scale_min = 1e-6;
+      rc.fp8_scale_max = 1e4;
+    }
+    return rc;
   }
   throw std::runtime_error("random_case: no valid draw within the budgets");
 }

@@ -164,6 +164,37 @@ TEST(Sanitize, W8a8Int8) {
   sanitize_config(c, {7, 40}, true);
 }
 
+// The 8-bit warpgroup-MMA GEMMs (sm_90a; SIMT elsewhere) in every bucket: decode and mid take 64-row
+// tiles, T = 700 (175 rows per expert) 128-row ones. H = 208 and I = 144 are multiples of 16 (16-byte
+// rows) but not of 128: partial k-tiles, partial fp8 scale blocks, a weight tile past N.
+MoeConfig eight_bit_config(Quant quant) {
+  MoeConfig c;
+  c.experts = 8;
+  c.topk = 2;
+  c.hidden = 208;
+  c.moe_intermediate = 144;
+  c.dtype = c.router_dtype = DType::BF16;
+  c.quant = quant;
+  return c;
+}
+
+TEST(Sanitize, W8a8Int8Wgmma) { sanitize_config(eight_bit_config(Quant::W8A8Int8), {7, 40, 700}, true); }
+
+TEST(Sanitize, Fp8BlockWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Block), {7, 40, 700}, true); }
+
+TEST(Sanitize, Fp8TensorWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Tensor), {5, 700}, false); }
+
+// fp8 on the SIMT template (H not a multiple of 16), fp16, non-gated GELU.
+TEST(Sanitize, Fp8BlockSimt) {
+  MoeConfig c = eight_bit_config(Quant::Fp8Block);
+  c.hidden = 200;
+  c.moe_intermediate = 136;
+  c.dtype = c.router_dtype = DType::FP16;
+  c.gated = false;
+  c.activation = Activation::Gelu;
+  sanitize_config(c, {7, 40}, true);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Presets.
 class Presets : public ::testing::TestWithParam<PresetCase> {};
@@ -187,6 +218,10 @@ INSTANTIATE_TEST_SUITE_P(W8a8, Presets, ::testing::ValuesIn(w8a8_preset_cases())
                          [](const auto& info) { return preset_case_name(info.param); });
 INSTANTIATE_TEST_SUITE_P(FullSize, Presets, ::testing::ValuesIn(full_size_preset_cases()),
                          [](const auto& info) { return preset_case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Fp8, Presets, ::testing::ValuesIn(fp8_preset_cases()),
+                         [](const auto& info) { return preset_case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Fp8FullSize, Presets, ::testing::ValuesIn(fp8_full_size_preset_cases()),
+                         [](const auto& info) { return preset_case_name(info.param); });
 
 // ---------------------------------------------------------------------------------------------
 // Random configurations: one test each, so a failure names its index and can be rerun alone.
@@ -198,7 +233,7 @@ class RandomConfig : public ::testing::TestWithParam<int> {};
 TEST_P(RandomConfig, Layer) {
   const RandomCase rc = random_case(GetParam());
   Seeds seeds;
-  Problem p = make_problem(rc.config, rc.tokens, seeds.next(), seeds.how_to_reproduce(), {.residual = rc.residual});
+  Problem p = make_problem(rc.config, rc.tokens, seeds.next(), seeds.how_to_reproduce(), rc.options());
   bool ok = false;
   {
     auto layer = Layer::create(rc.config);
@@ -303,7 +338,8 @@ class GpuEnvironment : public ::testing::Environment {
   // The configs of the preset and random tests that the gtest filter selected.
   static std::vector<MoeConfig> configs_to_run() {
     std::map<std::string, PresetCase> presets;
-    for (const auto& list : {scaled_preset_cases(), w8a8_preset_cases(), full_size_preset_cases()})
+    for (const auto& list : {scaled_preset_cases(), w8a8_preset_cases(), full_size_preset_cases(), fp8_preset_cases(),
+                             fp8_full_size_preset_cases()})
       for (const PresetCase& pc : list) presets[preset_case_name(pc)] = pc;
     std::vector<MoeConfig> configs;
     const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();

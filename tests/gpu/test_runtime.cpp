@@ -411,8 +411,10 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
   w8a8.num_expert_group = 6;
   w8a8.topk_group = 3;
   w8a8.quant = Quant::W8A8Int8;
-  const std::vector<std::pair<MoeConfig, int64_t>> cases = {{small_config(64, 8, 520, 136, DType::BF16), 4097},
-                                                            {w8a8, 1000}};
+  MoeConfig fp8 = small_config(64, 8, 528, 144, DType::BF16);  // wgmma on sm_90a
+  fp8.quant = Quant::Fp8Block;
+  const std::vector<std::pair<MoeConfig, int64_t>> cases = {
+      {small_config(64, 8, 520, 136, DType::BF16), 4097}, {w8a8, 1000}, {fp8, 3000}};
   Seeds seeds;
   for (const auto& [c, T] : cases) {
     auto layer = Layer::create(c);
@@ -422,10 +424,10 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
     GpuRun first = run_forward(*layer, in, T, stream.get(), 0xFF);
     ASSERT_TRUE(check_run(p, first));
     const WorkspaceOffsets& o = first.offsets;
-    const int64_t act_bytes =
-        first.rows * c.local_intermediate() * (c.quant == Quant::W8A8Int8 ? 4 : dtype_bytes(c.dtype));
+    const bool quantized = is_quantized(c.quant);  // GEMM 1 stores fp32 for the re-quantization
+    const int64_t act_bytes = first.rows * c.local_intermediate() * (quantized ? 4 : dtype_bytes(c.dtype));
     const int64_t y_bytes = first.rows * c.hidden * dtype_bytes(c.dtype);
-    const int64_t act_offset = c.quant == Quant::W8A8Int8 ? o.act_f32 : o.act;
+    const int64_t act_offset = quantized ? o.act_f32 : o.act;
     struct Variant {
       uint8_t poison;
       cudaStream_t stream;
@@ -661,6 +663,37 @@ INSTANTIATE_TEST_SUITE_P(Configs, HostileRouting,
                                                           return c;
                                                         }())),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// SPEC.md "Quantized experts": a NaN or inf in one token's hidden row may make that token's output
+// non-finite, but must not change any other token's output (the quantized layers scale rows and
+// 128-column groups by their own amax; nothing is shared across tokens). Bitwise, against the same
+// call without the bad row; on every quantization, in the decode and the prefill bucket.
+TEST(HostileHidden, NonFiniteRowChangesOnlyItsToken) {
+  Seeds seeds;
+  for (Quant q : {Quant::None, Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
+    MoeConfig c = small_config(16, 4, 272, 144, DType::BF16);
+    c.quant = q;
+    auto layer = Layer::create(c);
+    for (int64_t T : {9, 700}) {
+      Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce());
+      const GpuRun clean = run_forward(*layer, upload(p), T, nullptr);
+      const int64_t bad = T / 3, H = c.hidden;
+      for (float value : {NAN, INFINITY}) {
+        Problem hostile = p;
+        hostile.hidden.set(bad * H + 5, value);
+        hostile.hidden.set(bad * H + 200, -value);
+        const GpuRun got = run_forward(*layer, upload(hostile), T, nullptr);
+        const size_t row_bytes = static_cast<size_t>(H) * dtype_bytes(c.dtype);
+        int changed = 0;
+        for (int64_t t = 0; t < T; ++t)
+          if (t != bad && std::memcmp(got.out.data() + t * row_bytes, clean.out.data() + t * row_bytes, row_bytes))
+            ++changed;
+        EXPECT_EQ(changed, 0) << to_string(q) << " T=" << T << " value " << value << ": " << changed
+                              << " other tokens' outputs changed; " << p.describe();
+      }
+    }
+  }
+}
 
 TEST(HostileRouting, NonFiniteCorrectionBias) {
   // SPEC.md maps non-finite values before any math; the bias gets the same treatment: +inf makes

@@ -29,6 +29,12 @@
 // - renormalize: w /= sum(w) only when the sum is not 0; routed_scaling_factor always applies after.
 // - Every entry point calls validate(config) and throws std::invalid_argument for tensor sizes
 //   that do not match the config, or ids outside [0, E).
+// - fp8 (fp8_block, fp8_tensor): each gathered row of A and each act row is quantized with
+//   quantize_fp8_row, which computes the scale and the division in fp32 as the device does, so
+//   both sides round the same numbers to e4m3; the GEMMs then run in double over the dequantized
+//   operands (q * s and w * scale, both exact in double), which is SPEC's per-group sum
+//   sum_g s_a * scale_w * sum_k q_a * q_w in another order. act is quantized from its double
+//   value cast to float (the device's act_f32 is the fp32 computation of the same number).
 #include "tests/reference/reference.h"
 
 #include <algorithm>
@@ -39,6 +45,7 @@
 #include <string>
 
 #include "common/cpu_routing.h"
+#include "common/fp8.h"
 
 namespace moejit::reference {
 namespace {
@@ -134,6 +141,41 @@ double frobenius(const std::vector<double>& v) {
   return scale * std::sqrt(sum);
 }
 
+// Elements of one expert's slice of a scale tensor of shape [E_loc, ...].
+int64_t per_expert(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+  return n;
+}
+
+int64_t elements(const std::vector<int64_t>& shape) { return shape.empty() ? 0 : shape[0] * per_expert(shape); }
+
+// One expert's fp8 matrix [rows, cols] (nk layout) dequantized: w * scale[r/128][c/128] with
+// scale [ceil(rows/128), ceil(cols/128)] (fp8_block), or w * scale[0] (fp8_tensor).
+void dequantize_fp8_matrix(Quant quant, const double* w, int64_t rows, int64_t cols, const double* scale,
+                           double* out) {
+  const int64_t col_blocks = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* srow = quant == Quant::Fp8Block ? scale + (r / kFp8BlockSize) * col_blocks : scale;
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = w[r * cols + c] * (quant == Quant::Fp8Block ? srow[c / kFp8BlockSize] : srow[0]);
+  }
+}
+
+// The activation groups of an fp8 config: 128 columns (fp8_block) or the whole row (fp8_tensor).
+int64_t fp8_group(const MoeConfig& config, int64_t cols) {
+  return config.quant == Quant::Fp8Block ? kFp8BlockSize : cols;
+}
+
+// Each row of a [rows, cols] replaced by the dequantized values (q * s) of its fp8 quantization.
+void fp8_quantize_rows(const double* a, int64_t rows, int64_t cols, int64_t group, double* out) {
+  std::vector<double> q(cols), s((cols + group - 1) / group);
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_fp8_row(a + r * cols, cols, group, q.data(), s.data());
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = q[c] * s[c / group];
+  }
+}
+
 }  // namespace
 
 Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>& logits,
@@ -205,7 +247,8 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
   const int64_t I = config.local_intermediate();
   const int64_t N1 = config.gemm1_rows();
   const bool w8a8 = config.quant == Quant::W8A8Int8;
-  const WeightLayout layout = config.weight_layout;
+  const bool fp8 = is_fp8(config.quant);
+  const WeightLayout layout = config.weight_layout;  // nk for fp8 (validate() enforces it)
 
   require_size("hidden", hidden.size(), tokens * H);
   require_size("topk_weights", topk_weights.size(), tokens * K);
@@ -218,6 +261,11 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
     require_size("input_smooth", weights.input_smooth.size(), static_cast<int64_t>(E) * H);
     require_size("act_smooth", weights.act_smooth.size(), e_loc * I);
   }
+  const QuantTensorShapes shapes = quant_tensor_shapes(config);
+  if (fp8) {
+    require_size("w13_scale", weights.w13_scale.size(), elements(shapes.w13_scale));
+    require_size("w2_scale", weights.w2_scale.size(), elements(shapes.w2_scale));
+  }
 
   Experts ex;
   ex.index = index(config, tokens, ids);
@@ -226,7 +274,7 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
   ex.act.assign(rows_total * I, 0.0);
   ex.y.assign(rows_total * H, 0.0);
 
-  std::vector<double> a, g1, qa, sa, qact, sact;
+  std::vector<double> a, g1, qa, sa, qact, sact, dw13, dw2;
   for (int l = 0; l < e_loc; ++l) {
     const int64_t begin = ix.offsets[l];
     const int64_t rows = ix.counts[l];
@@ -234,6 +282,16 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
     const int global_e = s + l;
     const double* w13 = weights.w13.data() + l * N1 * H;
     const double* w2 = weights.w2.data() + l * H * I;
+    if (fp8) {  // from here on the GEMMs see the dequantized weights
+      dw13.resize(N1 * H);
+      dw2.resize(H * I);
+      dequantize_fp8_matrix(config.quant, w13, N1, H, weights.w13_scale.data() + l * per_expert(shapes.w13_scale),
+                            dw13.data());
+      dequantize_fp8_matrix(config.quant, w2, H, I, weights.w2_scale.data() + l * per_expert(shapes.w2_scale),
+                            dw2.data());
+      w13 = dw13.data();
+      w2 = dw2.data();
+    }
     double* act = ex.act.data() + begin * I;
     double* y = ex.y.data() + begin * H;
 
@@ -246,7 +304,11 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
 
     // Stage 4: GEMM 1.
     g1.assign(rows * N1, 0.0);
-    if (!w8a8) {
+    if (fp8) {
+      qa.resize(rows * H);
+      fp8_quantize_rows(a.data(), rows, H, fp8_group(config, H), qa.data());
+      gemm(qa.data(), rows, H, w13, N1, layout, g1.data());
+    } else if (!w8a8) {
       gemm(a.data(), rows, H, w13, N1, layout, g1.data());
     } else {
       const double* smooth = weights.input_smooth.data() + global_e * H;
@@ -279,7 +341,11 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
     }
 
     // Stage 5: GEMM 2.
-    if (!w8a8) {
+    if (fp8) {
+      qact.resize(rows * I);
+      fp8_quantize_rows(act, rows, I, fp8_group(config, I), qact.data());
+      gemm(qact.data(), rows, I, w2, H, layout, y);
+    } else if (!w8a8) {
       gemm(act, rows, I, w2, H, layout, y);
     } else {
       qact.assign(rows * I, 0.0);
@@ -359,6 +425,46 @@ void quantize_row(const double* x, int64_t n, double* q, double* scale) {
     if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;
     q[i] = std::clamp(r, -127.0, 127.0);
   }
+}
+
+void quantize_fp8_row(const double* x, int64_t n, int64_t group, double* q, double* scales) {
+  if (group <= 0) throw std::invalid_argument("moejit reference: quantize_fp8_row group " + std::to_string(group));
+  for (int64_t g0 = 0, g = 0; g0 < n; g0 += group, ++g) {
+    const int64_t g1 = std::min(n, g0 + group);
+    float amax = 0.0f;
+    for (int64_t k = g0; k < g1; ++k) {
+      const float v = std::fabs(static_cast<float>(x[k]));
+      if (v > amax) amax = v;  // false for NaN: NaN does not enter amax
+    }
+    // The floor keeps an all-zero group's q at 0 instead of 0 / 0.
+    const float s = std::max(amax, 1e-10f) / static_cast<float>(fp8::kE4m3Max);
+    scales[g] = s;
+    for (int64_t k = g0; k < g1; ++k) q[k] = fp8::round_e4m3(static_cast<float>(x[k]) / s);
+  }
+}
+
+Weights dequantized_fp8(const MoeConfig& config, const Weights& weights) {
+  validate(config);
+  if (!is_fp8(config.quant))
+    throw std::invalid_argument("moejit reference: dequantized_fp8 needs quant fp8_block or fp8_tensor, not " +
+                                std::string(to_string(config.quant)));
+  const int e_loc = config.local_experts();
+  const int64_t H = config.hidden, I = config.local_intermediate(), N1 = config.gemm1_rows();
+  const QuantTensorShapes shapes = quant_tensor_shapes(config);
+  require_size("w13", weights.w13.size(), e_loc * N1 * H);
+  require_size("w2", weights.w2.size(), e_loc * H * I);
+  require_size("w13_scale", weights.w13_scale.size(), elements(shapes.w13_scale));
+  require_size("w2_scale", weights.w2_scale.size(), elements(shapes.w2_scale));
+  Weights out;
+  out.w13.resize(weights.w13.size());
+  out.w2.resize(weights.w2.size());
+  for (int l = 0; l < e_loc; ++l) {
+    dequantize_fp8_matrix(config.quant, weights.w13.data() + l * N1 * H, N1, H,
+                          weights.w13_scale.data() + l * per_expert(shapes.w13_scale), out.w13.data() + l * N1 * H);
+    dequantize_fp8_matrix(config.quant, weights.w2.data() + l * H * I, H, I,
+                          weights.w2_scale.data() + l * per_expert(shapes.w2_scale), out.w2.data() + l * H * I);
+  }
+  return out;
 }
 
 }  // namespace moejit::reference

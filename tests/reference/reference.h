@@ -2,7 +2,7 @@
 // code with the generated kernels; the GPU tests compare against it. Its routing (stage 1) is the
 // one CPU routing of common/cpu_routing.h in double, which it shares with the torch op's CPU kernel
 // and the ILU backend's portable routing (both in float). Inputs are the values the device sees
-// (already rounded to bf16/fp16/int8), widened to double.
+// (already rounded to bf16/fp16/int8/e4m3), widened to double.
 #pragma once
 
 #include <cstdint>
@@ -33,12 +33,15 @@ struct Index {
 };
 Index index(const MoeConfig& config, int64_t tokens, const std::vector<int>& ids);
 
-// Weights as the device holds them, widened to double (int8 values as integers for w8a8).
+// Weights as the device holds them, widened to double (int8 values as integers for w8a8, e4m3
+// values as the numbers they encode for fp8). The scale shapes are quant_tensor_shapes(config)'s.
 struct Weights {
   std::vector<double> w13;           // [E_loc, N1, H] in the config's weight_layout (nk or kn)
   std::vector<double> w2;            // [E_loc, H, I] (nk) or [E_loc, I, H] (kn)
-  std::vector<double> w13_scale;     // [E_loc, N1]  (w8a8)
-  std::vector<double> w2_scale;      // [E_loc, H]   (w8a8)
+  std::vector<double> w13_scale;     // w8a8 [E_loc, N1]; fp8_block [E_loc, ceil(N1/128), ceil(H/128)];
+                                     // fp8_tensor [E_loc]
+  std::vector<double> w2_scale;      // w8a8 [E_loc, H]; fp8_block [E_loc, ceil(H/128), ceil(I/128)];
+                                     // fp8_tensor [E_loc]
   std::vector<double> input_smooth;  // [E, H]       (w8a8)
   std::vector<double> act_smooth;    // [E_loc, I]   (w8a8)
 };
@@ -47,7 +50,8 @@ struct Weights {
 struct Experts {
   Index index;
   std::vector<double> act;   // [offsets[E_loc], I]: activation rows in expert-sorted order
-                             // (w8a8: after act_smooth, before re-quantization)
+                             // (w8a8: after act_smooth, before re-quantization; fp8: before
+                             // quantization, the float64 value of the device's act_f32)
   std::vector<double> y;     // [offsets[E_loc], H]: GEMM 2 rows in expert-sorted order
   std::vector<double> out;   // [T, H]: combine (+ residual)
 };
@@ -71,5 +75,19 @@ double relative_error(const std::vector<double>& ref, const std::vector<double>&
 // SPEC.md w8a8 row quantization: scale = max|x| / 127, q = round-half-even(x / scale) clamped to
 // [-127, 127]; a zero row gives scale 0 and q 0.
 void quantize_row(const double* x, int64_t n, double* q, double* scale);
+
+// SPEC.md fp8 activation quantization of one row of n values, per group of `group` consecutive
+// columns (128 for fp8_block, n for fp8_tensor; the last group may be shorter): in fp32 as the
+// device computes it, amax = max |float(x)| over the group (a NaN does not enter it, as with
+// fmaxf), s = max(amax, 1e-10f) / 448.0f, q = e4m3(float(x) / s) rounded to nearest even and
+// saturating to +-448 (NaN stays NaN). Writes q [n] (the e4m3 values) and scales
+// [ceil(n / group)].
+void quantize_fp8_row(const double* x, int64_t n, int64_t group, double* q, double* scales);
+
+// The dequantized weights of an fp8 config (SPEC.md: W[e][n][k] = w[e][n][k] * scale[e][n/128][k/128]
+// for fp8_block, * scale[e] for fp8_tensor), without scales: with the config's quant set to none,
+// reference::experts on them is the unquantized layer over the same weights, against which the
+// fp8 layer's quantization error can be measured.
+Weights dequantized_fp8(const MoeConfig& config, const Weights& weights);
 
 }  // namespace moejit::reference
