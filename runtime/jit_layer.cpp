@@ -91,8 +91,10 @@ class JitLayer final : public Layer {
   void route(void* stream, int64_t tokens, const void* router_logits, const float* bias, float* topk_weights,
              int* topk_ids) const override {
     check_routing_arguments(config_, tokens, router_logits, bias);
-    check_pointer(topk_weights, "topk_weights", 4);
-    check_pointer(topk_ids, "topk_ids", 4);
+    if (tokens != 0) {  // [T, K] arrays: null is fine when there are none
+      check_pointer(topk_weights, "topk_weights", 4);
+      check_pointer(topk_ids, "topk_ids", 4);
+    }
     if (tokens == 0) return;
     CallBuffers b;
     b.in.router_logits = router_logits;
@@ -104,8 +106,10 @@ class JitLayer final : public Layer {
 
   void experts(void* stream, int64_t tokens, const int* topk_ids, const float* topk_weights, const LayerInputs& in,
                void* output, void* workspace, size_t workspace_size) const override {
-    check_pointer(topk_ids, "topk_ids", 4);
-    check_pointer(topk_weights, "topk_weights", 4);
+    if (tokens != 0) {  // [T, K] arrays: null is fine when there are none
+      check_pointer(topk_ids, "topk_ids", 4);
+      check_pointer(topk_weights, "topk_weights", 4);
+    }
     const WorkspaceOffsets offsets = check_expert_arguments(config_, tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
     const CallPlan call = plan_call(loaded_->plan(), Entry::Experts, tokens);

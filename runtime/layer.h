@@ -58,7 +58,9 @@ class Layer {
   // is non-null and aligned (16 bytes for hidden, weights, output and residual; 256 for the
   // workspace; the element size for router_logits; 4 for fp32 arrays), and workspace_size >=
   // workspace_bytes(tokens); throws InvalidInput naming the
-  // argument otherwise. tokens == 0 returns at once. Never synchronizes or allocates; graph
+  // argument otherwise. tokens == 0 returns at once (the per-token pointers, hidden, logits,
+  // residual, output, workspace and the top-k arrays, may then be null, as an empty tensor's
+  // are). Never synchronizes or allocates; graph
   // capturable once the layer's modules are loaded in the stream's context.
   virtual void forward(void* stream, int64_t tokens, const LayerInputs& inputs, void* output, void* workspace,
                        size_t workspace_size) const = 0;

@@ -22,19 +22,19 @@ void check_tokens(const LayerSpec& c, int64_t tokens) {
                                    ((int64_t{1} << 31) - 1) / c.topk, c.topk));
 }
 
+// With no tokens nothing per token is read or written, so those pointers may be null (an empty
+// torch tensor's data pointer is); the weights and scales are checked whatever the count.
 void check_routing_arguments(const LayerSpec& c, int64_t tokens, const void* logits, const float* bias) {
   check_tokens(c, tokens);
-  check_pointer(logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
+  if (tokens > 0) check_pointer(logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
   if (c.topk_method == TopkMethod::NoauxTc) check_pointer(bias, "e_score_correction_bias", 4);
 }
 
 WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, const LayerInputs& in,
                                         const void* output, const void* workspace, size_t workspace_size) {
   check_tokens(c, tokens);
-  check_pointer(in.hidden, "hidden", 16);
   check_pointer(in.w13, "w13", 16);
   check_pointer(in.w2, "w2", 16);
-  check_pointer(output, "output", 16);
   if (is_quantized(c.quant)) {
     check_pointer(in.w13_scale, "w13_scale", 4);
     check_pointer(in.w2_scale, "w2_scale", 4);
@@ -43,9 +43,11 @@ WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, cons
     check_pointer(in.input_smooth, "input_smooth", 4);
     check_pointer(in.act_smooth, "act_smooth", 4);
   }
+  if (tokens == 0) return {};
+  check_pointer(in.hidden, "hidden", 16);
+  check_pointer(output, "output", 16);
   if (in.residual && !aligned(in.residual, 16))
     throw InvalidInput(fmt::format("residual: pointer {} is not 16-byte aligned", in.residual));
-  if (tokens == 0) return {};
   const WorkspaceOffsets offsets = workspace_offsets(c, tokens);
   check_pointer(workspace, "workspace", 256);
   if (static_cast<int64_t>(workspace_size) < offsets.total_bytes)

@@ -20,7 +20,8 @@ void check_tokens(const LayerSpec& spec, int64_t tokens);
 void check_routing_arguments(const LayerSpec& spec, int64_t tokens, const void* logits, const float* bias);
 
 // Stages 2-6's inputs, output and workspace. Returns the workspace layout for `tokens` (which the
-// size check computes anyway; empty for tokens == 0).
+// size check computes anyway; empty for tokens == 0). With no tokens the per-token pointers
+// (hidden, output, residual, workspace) may be null; the weights and scales are checked always.
 WorkspaceOffsets check_expert_arguments(const LayerSpec& spec, int64_t tokens, const LayerInputs& in,
                                         const void* output, const void* workspace, size_t workspace_size);
 

@@ -65,8 +65,10 @@ class IxformerLayer final : public Layer {
   void route(void* stream, int64_t tokens, const void* router_logits, const float* e_score_correction_bias,
              float* topk_weights, int* topk_ids) const override {
     check_routing_arguments(config_, tokens, router_logits, e_score_correction_bias);
-    check_pointer(topk_weights, "topk_weights", 4);
-    check_pointer(topk_ids, "topk_ids", 4);
+    if (tokens != 0) {  // [T, K] arrays: null is fine when there are none
+      check_pointer(topk_weights, "topk_weights", 4);
+      check_pointer(topk_ids, "topk_ids", 4);
+    }
     if (tokens == 0) return;
     StreamScope scope(device_, stream);
     auto [weights, ids] = ilu::route(config_, logits(router_logits, tokens), bias(e_score_correction_bias));
@@ -76,8 +78,10 @@ class IxformerLayer final : public Layer {
 
   void experts(void* stream, int64_t tokens, const int* topk_ids, const float* topk_weights, const LayerInputs& in,
                void* output, void*, size_t) const override {
-    check_pointer(topk_ids, "topk_ids", 4);
-    check_pointer(topk_weights, "topk_weights", 4);
+    if (tokens != 0) {  // [T, K] arrays: null is fine when there are none
+      check_pointer(topk_ids, "topk_ids", 4);
+      check_pointer(topk_weights, "topk_weights", 4);
+    }
     check_inputs(tokens, in, output);
     if (tokens == 0) return;
     StreamScope scope(device_, stream);
@@ -91,8 +95,13 @@ class IxformerLayer final : public Layer {
   // The JIT's checks of stages 2-6 but the workspace's, and what ixformer cannot compute, before
   // any pointer is wrapped (a w8a8 layer's weights are int8: refused here by name, as the torch op's).
   void check_inputs(int64_t tokens, const LayerInputs& in, const void* output) const {
-    check_expert_arguments(config_, 0, in, output, nullptr, 0);
+    check_expert_arguments(config_, 0, in, output, nullptr, 0);  // the weights and scales
     check_tokens(config_, tokens);
+    if (tokens != 0) {  // the per-token pointers (check_expert_arguments skips them at 0 tokens)
+      check_pointer(in.hidden, "hidden", 16);
+      check_pointer(output, "output", 16);
+      if (in.residual) check_pointer(in.residual, "residual", 16);
+    }
     const std::string missing = unsupported_capability(config_);
     TORCH_CHECK_NOT_IMPLEMENTED(missing.empty(), "moejit ilu backend (ixformer): ", missing);
   }

@@ -42,6 +42,10 @@ std::string unsupported_capability(const MoeConfig& c) {
   if (c.quant == Quant::W8A8Int8)
     return "quant w8a8_int8 (int8 smoothquant experts): ixformer's declared API has no int8 smoothquant group "
            "GEMM; use bf16/fp16 weights on Iluvatar devices";
+  if (is_fp8(c.quant))
+    return fmt::format("quant {} (fp8 experts): ixformer's declared API has no fp8 group GEMM; use bf16/fp16 "
+                       "weights on Iluvatar devices",
+                       to_string(c.quant));
   if (c.ep_size > 1)
     return fmt::format(
         "expert parallel (ep_size {}): moejit does not pass expert ranges to moe_compute_token_index_api (whether "

@@ -76,6 +76,27 @@ TEST(Tokens, ZeroIsANoOp) {
   }
 }
 
+// An empty torch tensor's data pointer is null: with no tokens the per-token pointers (hidden,
+// logits, residual, output, workspace, the top-k arrays) may be null; the weights are still checked.
+TEST(Tokens, ZeroAcceptsNullPerTokenPointers) {
+  for (Quant q : {Quant::None, Quant::Fp8Block}) {
+    MoeConfig c = grouped_sigmoid(32, 4, 144, 80, DType::BF16);
+    c.quant = q;
+    Seeds seeds;
+    auto layer = Layer::create(c);
+    Problem p = make_problem(c, 8, seeds.next(), seeds.how_to_reproduce());
+    DeviceInputs in = upload(p);
+    LayerInputs empty = in.inputs();
+    empty.hidden = empty.router_logits = empty.residual = nullptr;
+    EXPECT_NO_THROW(layer->forward(nullptr, 0, empty, nullptr, nullptr, 0)) << to_string(q);
+    EXPECT_NO_THROW(layer->route(nullptr, 0, nullptr, empty.e_score_correction_bias, nullptr, nullptr));
+    EXPECT_NO_THROW(layer->experts(nullptr, 0, nullptr, nullptr, empty, nullptr, nullptr, 0));
+    empty.w13_scale = nullptr;
+    if (q != Quant::None) EXPECT_THROW(layer->forward(nullptr, 0, empty, nullptr, nullptr, 0), InvalidInput);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
 TEST(Tokens, One) {
   // One token through very different shapes: a single expert, every expert chosen, 512 experts.
   const std::vector<MoeConfig> configs = {

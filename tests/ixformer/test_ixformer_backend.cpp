@@ -76,6 +76,13 @@ TEST(IxformerBackend, ZeroTokensTouchNothing) {
   layer->forward(nullptr, 0, inputs_of(p), out.data_ptr(), nullptr, 0);
   EXPECT_TRUE(ixformer_double::calls().empty());
   EXPECT_TRUE(at::equal(out, at::full_like(p.hidden, 7.0)));
+  // Empty tensors' data pointers are null: with no tokens only the weights must be real.
+  LayerInputs empty = inputs_of(p);
+  empty.hidden = empty.router_logits = empty.residual = nullptr;
+  EXPECT_NO_THROW(layer->forward(nullptr, 0, empty, nullptr, nullptr, 0));
+  EXPECT_NO_THROW(layer->route(nullptr, 0, nullptr, nullptr, nullptr, nullptr));
+  EXPECT_NO_THROW(layer->experts(nullptr, 0, nullptr, nullptr, empty, nullptr, nullptr, 0));
+  EXPECT_TRUE(ixformer_double::calls().empty());
 }
 
 TEST(IxformerBackend, SharedArgumentChecksNameTheArgument) {
@@ -94,6 +101,11 @@ TEST(IxformerBackend, SharedArgumentChecksNameTheArgument) {
   EXPECT_THROW(layer->forward(nullptr, -1, inputs_of(p), out.data_ptr(), nullptr, 0), InvalidInput);
   EXPECT_THROW(layer->workspace_bytes(-1), InvalidInput);
   EXPECT_THROW(layer->route(nullptr, 4, nullptr, nullptr, nullptr, nullptr), InvalidInput);
+  // The per-token pointers are checked whenever there are tokens.
+  in = inputs_of(p);
+  in.hidden = nullptr;
+  EXPECT_THROW(layer->forward(nullptr, 4, in, out.data_ptr(), nullptr, 0), InvalidInput);
+  EXPECT_THROW(layer->forward(nullptr, 4, inputs_of(p), nullptr, nullptr, 0), InvalidInput);
 }
 
 TEST(IxformerBackend, RefusesWhatIxformerCannotComputeByName) {

@@ -210,6 +210,8 @@ TEST(IluLayer, RefusesWhatIxformerCannotComputeByName) {
   };
   std::vector<Refusal> refusals = {
       {"w8a8_int8", [](MoeConfig& c) { c.quant = Quant::W8A8Int8; }},
+      {"fp8_block", [](MoeConfig& c) { c.quant = Quant::Fp8Block; }},
+      {"fp8_tensor", [](MoeConfig& c) { c.quant = Quant::Fp8Tensor; }},
       {"expert parallel", [](MoeConfig& c) { c.ep_size = 2; }},
       {"dtype fp32", [](MoeConfig& c) { c.dtype = c.router_dtype = DType::FP32; }},
       {"weight_layout kn", [](MoeConfig& c) { c.weight_layout = WeightLayout::KN; }},
