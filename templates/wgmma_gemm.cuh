@@ -294,7 +294,10 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   static_assert(BK == 64, "the 128-byte swizzle holds 64-unit rows");
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert(sizeof(T) == 2, "16-bit pipeline units");
-  static_assert(!BLOCK || (W_ROWS <= 128 && CONSUMERS <= 2), "fp8_block keeps two accumulator sets");
+  static_assert(!BLOCK || (W_ROWS <= 192 && CONSUMERS <= 2), "fp8_block keeps two accumulator sets");
+  // fp8_block's 2 x 96 accumulators of 192 weight rows outgrow the 168 registers a thread of 384
+  // has; the producer warpgroup, which needs few, hands registers to the consumers (setmaxnreg).
+  constexpr bool SHIFT_REGISTERS = BLOCK && CONSUMERS == 2 && W_ROWS > 128;
   static_assert(!BLOCK || Spec::kBK == Scaling<Spec, EIGHT_BIT>::cols, "a k-tile is one scale block");
   static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 + 1024 <=
                     Spec::kSharedBytes,
@@ -349,7 +352,10 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   if (threadIdx.x < STAGES) barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
+  // SHIFT_REGISTERS: 128 x 48 + 256 x 232 = all of the SM's 65536 registers (the launch holds
+  // 384 x 168); each role's first instruction, so ptxas allocates each role's code for its count.
   if (warpgroup == CONSUMERS) {
+    if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n" ::: "memory");
     // Producer: fills slot kt % STAGES once the consumers have emptied its previous use; its first
     // thread has the weight tile copied by TMA (a box per half; the first STAGES were issued above),
     // every thread copies A rows.
@@ -374,6 +380,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
 
   // Consumers. (fence_shared_for_async below is for the A rows, which cp.async writes through the
   // generic proxy; the TMA's weights are in the async proxy already.)
+  if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   if (warpgroup >= consumers) return;
   // Thread (warp w of its warpgroup, lane l) holds rows 16 w + l / 4 and 8 more, columns
   // 8 j + 2 (l % 4) and the next, of every 8-column group j: acc[4 j + 2 h + {0, 1}] for row half h.

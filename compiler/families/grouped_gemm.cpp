@@ -87,8 +87,8 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
     if (t.bm == 192 && weight_rows > 192)
       return "needs (2 if gated GEMM 1) * BN of at most 192 at BM 192 (512 threads leave 128 registers each)";
     // fp8_block keeps a second accumulator set (the running sum beside each K block's partial).
-    if (c.quant == Quant::Fp8Block && (weight_rows > 128 || t.bm == 192))
-      return "needs (2 if gated GEMM 1) * BN of at most 128 and BM 64 or 128 with fp8_block (two accumulator "
+    if (c.quant == Quant::Fp8Block && (weight_rows > 192 || t.bm == 192))
+      return "needs (2 if gated GEMM 1) * BN of at most 192 and BM 64 or 128 with fp8_block (two accumulator "
              "sets per thread)";
     if (t.stages < 2) return "needs at least 2 stages";
     if (t.warps_m != t.bm / 16 + 4 || t.warps_n != 1) return "needs warps (bm/16 + 4) x 1";

@@ -70,17 +70,24 @@ void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
 
 // 8-bit weights (int8, fp8), every bucket: row tiles of at least 64 (a wgmma is 64 rows; decode
 // pays the padding rows in tensor-core time, not in weight bytes). A stage of 128-row tiles is
-// 128 bytes deep like the 16-bit ones, holding a whole fp8 scale block. fp8_block keeps a running
-// sum beside each K block's partial sum, so its tiles take 128 weight rows (64 + 64 accumulators
-// per thread); int8 and fp8_tensor scale once after the K loop and take the 16-bit tiles' 256.
-// Stages fill about 200 KiB of shared memory. (First choice; bench/RESULTS.md has the
-// measurements.)
+// 128 bytes deep like the 16-bit ones, holding a whole fp8 scale block. int8 and fp8_tensor scale
+// once after the K loop and take the 16-bit tiles' 256 weight rows. fp8_block keeps a running sum
+// beside each K block's partial sum: 192 weight rows (96 + 96 accumulators per thread; at 128-row
+// tiles the producer warpgroup gives the consumers registers), except gated GEMM 1 at 128 rows,
+// whose epilogue would then spill: 128 weight rows there. Stages fill about 200 KiB of shared
+// memory. Measured on the H200 (bench/RESULTS.md, session 10): with 128 weight rows everywhere
+// DeepSeek-V3 fp8_block reached 441 / 578 TFLOP/s at T = 4096 / 16384, fp8_tensor with 256 rows
+// 663 / 921.
 void sm90_8bit_tiles(const LayerSpec& c, int bm, TokenBucket& b) {
   bm = std::max(bm, 64);
-  const int weight_rows = c.quant == Quant::Fp8Block ? 128 : 256;
-  const int stages = std::min(8, 200 * 1024 / ((bm + weight_rows) * 128));
-  b.gemm1 = wgmma_tile(c, bm, c.gated ? weight_rows / 2 : weight_rows, stages);
-  b.gemm2 = wgmma_tile(c, bm, weight_rows, stages);
+  auto tile = [&](bool gemm1) {
+    const bool gated = gemm1 && c.gated;
+    int weight_rows = 256;
+    if (c.quant == Quant::Fp8Block) weight_rows = gated && bm == 128 ? 128 : 192;
+    const int stages = std::min(8, 200 * 1024 / ((bm + weight_rows) * 128));
+    return wgmma_tile(c, bm, gated ? weight_rows / 2 : weight_rows, stages);
+  };
+  b.gemm1 = tile(true);
+  b.gemm2 = tile(false);
 }
-
 }  // namespace moejit::heuristics
