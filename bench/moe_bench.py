@@ -10,6 +10,20 @@ prints ms, TB/s of the expert weights actually touched, TFLOP/s and the ratio to
 with both ceilings measured at the start of the same run (a large read-only reduction; an 8192^3
 bf16 matmul). Also a per-kernel time breakdown (torch.profiler) at three points.
 
+With --quant, each preset's quantized layers (fp8_block, fp8_tensor, w8a8_int8; SPEC.md "Quantized
+experts") run right after its bf16 rows, in the same process, on its bf16 weights quantized on the GPU
+(fp8_block: one scale per 128x128 block, amax/448; fp8_tensor: one per expert matrix; w8a8_int8: smoothing
+factors uniform in [0.5, 2] divided out of the weights, then one scale per output channel, amax/127). Their
+table gives ms, TB/s, TFLOP/s, the ratio to moejit bf16 at the same T and the ratio to the quantized floor
+
+    qfloor = max((touched expert bytes at 1 byte per element + their scale bytes) / read bandwidth,
+                 6*T*K*H*I / quantized matmul rate)
+
+with the rate measured at the start of the same run (fp8: torch._scaled_mm on 8192^3 e4m3, per-row or
+per-tensor scales, bf16 out, the faster; int8: torch._int_mm on 8192^3). A guard compares each quantized
+layer with the bf16 one on one input at T=64 (quantization error on these random weights: ~5e-2..8e-2
+for e4m3, ~2e-2..4e-2 for int8; flagged above 0.1).
+
 Usage (from the repository root, after scripts/build.sh):
 
     PYTHONPATH=python python3 bench/moe_bench.py                       # full: 3 presets x 7 token counts
@@ -18,6 +32,9 @@ Usage (from the repository root, after scripts/build.sh):
     python3 bench/moe_bench.py --dry-run                               # the plan only: no CUDA, no moejit
     PYTHONPATH=python python3 bench/moe_bench.py --self-test           # tiny shapes; checks the math
                                                                        # (runs on CPU with moejit's CPU ops)
+    PYTHONPATH=python python3 bench/moe_bench.py --quant fp8_block fp8_tensor w8a8_int8   # + quantized layers
+    python3 bench/moe_bench.py --dry-run --quant fp8_block w8a8_int8   # also the quantized floors (nominal)
+    ... --moejit-library /tmp/b/backends/torch/libmoejit_torch.so      # another build's op library
 
 What each timing includes (every timing starts from inputs already in device memory):
   moejit ms          torch.ops.moejit.moe_layer(hidden, router_logits, ...): the whole layer = routing from
@@ -36,10 +53,20 @@ What each timing includes (every timing starts from inputs already in device mem
                      scoring, at the run's T <= 16: its routing, launches and dependencies with almost no
                      weight bytes, i.e. what a decode call costs besides streaming its weights.
 Baselines exclude routing; "moejit/grouped_mm" therefore compares experts-only with grouped_mm.
+Quantized layers (--quant; the same inputs, routing and CUDA-graph timing):
+  moejit ms,         the two ops above with the quantized weights and their fp32 scales (w8a8_int8: and
+  moejit experts ms  smoothing factors); moejit quantizes the activations itself, inside the call.
+  scaled_grouped_mm  fp8 only: the grouped_mm layer above with torch._scaled_grouped_mm (e4m3, per-row x
+    ms               per-channel scales, bf16 out), each GEMM's input quantized per row (amax/448) inside
+                     the timed call; weights: fp8_tensor's own (the same math as moejit), for fp8_block the
+                     bf16 weights quantized per output row (coarser than 128x128 blocks: a speed reference).
+                     A cell that is not a time says why (int8: no torch grouped int8 matmul; CPU; failed).
+  HF eager runs for bf16 only. rel.err of a quantized row: against the moejit bf16 layer, same input.
 """
 
 # The code is the moebench package beside this file (bench/moebench/: presets, baselines, timing, one
-# preset's points, the report, the command line); this file stays the command and its documentation.
+# preset's points, its quantized layers, the report, the dry run, the command line); this file stays the
+# command and its documentation.
 # `python3 bench/moe_bench.py` puts bench/ first on sys.path already; the insert covers other ways in
 # (python -P, runpy).
 import os

@@ -4,6 +4,9 @@
   baselines     what moejit is compared with: torch routing, a torch._grouped_mm layer, the HF eager loop
   timing        CUDA-graph and eager timing, the read-bandwidth and matmul ceilings, the profiler breakdown
   preset_bench  one preset's weights, inputs, checks, timed points, breakdowns and launch-chain probe
-  report        the report: its table's columns and legend, number formats, the markdown writer
-  cli           the command line, the dry run and the driver (main)
+  quant         --quant in torch: the weights quantized, the _scaled_grouped_mm baseline, the fp8/int8 ceilings
+  quant_bench   --quant: one preset's quantized layers (guard, timed points, their table), after its bf16 rows
+  report        the report: its tables' columns and legends, number formats, the markdown writer
+  dryrun        --dry-run: the plan and nominal floors (bf16 and quantized), without CUDA or moejit
+  cli           the command line and the driver (main)
 """

@@ -14,11 +14,13 @@ import traceback
 import torch
 
 from .baselines import hf_eager_forward
+from .dryrun import dry_run
 from .preset_bench import PresetBench, chain_probe
-from .presets import (DEFAULT_BREAKDOWN, DEFAULT_PRESETS, FULL_TOKENS, NOMINAL_H200, PRESETS, QUICK_TOKENS,
-                      TINY_PRESETS, TINY_TOKENS, expected_hit, expert_bytes, hf_skip_reason, layer_flops,
-                      preset_line, weight_bytes)
-from .report import COLUMNS, LEGEND, Report, git_revision, short_error
+from .presets import (DEFAULT_BREAKDOWN, DEFAULT_PRESETS, FULL_TOKENS, PRESETS, QUANT_MATMUL, QUANTS, QUICK_TOKENS,
+                      TINY_PRESETS, TINY_TOKENS, expert_bytes, preset_line, weight_bytes)
+from .quant import quant_matmul_ceilings
+from .quant_bench import run_quant_variants
+from .report import COLUMNS, LEGEND, QUANT_LEGEND, Report, fmt_rate, git_revision, short_error
 from .timing import Device
 
 
@@ -54,6 +56,13 @@ def build_parser(doc):
                     help="run the whole benchmark on tiny shapes (CPU when there is no GPU) and check that moejit, "
                          "grouped_mm and the HF loop agree; exit status 1 on a mismatch (presets: "
                          + ", ".join(TINY_PRESETS) + f"; T {TINY_TOKENS})")
+    ap.add_argument("--quant", nargs="+", default=["none"], metavar="Q", choices=("none",) + QUANTS,
+                    help="quantized layers to run after each preset's bf16 rows, on its weights quantized: any of "
+                         f"{', '.join(QUANTS)} (default none: bf16 only). The bf16 rows always run: the quantized "
+                         "rows are compared with them")
+    ap.add_argument("--moejit-library", metavar="LIB.so",
+                    help="load this libmoejit_torch.so before importing moejit (default: where moejit looks, "
+                         "python/moejit/lib/ then build/backends/torch/)")
     ap.add_argument("--out", metavar="FILE.md", help="also write the report (markdown) to this file")
     ap.add_argument("--calls", type=int, default=10, help="max layer calls captured per CUDA graph (default 10)")
     ap.add_argument("--replays", type=int, default=None, help="max timed replays per timing (default 20; --quick 5)")
@@ -95,43 +104,11 @@ def resolve_args(args):
         args.budget_s = 0.2 if args.self_test else (1.0 if args.quick else 3.0)
     args.min_replays = max(1, min(args.min_replays, args.replays))
     args.calls = max(1, args.calls)
+    args.quants = list(dict.fromkeys(q for q in args.quant if q != "none"))
     args.breakdown_points = parse_breakdown(args.breakdown)
     if args.self_test and args.breakdown == DEFAULT_BREAKDOWN:
         args.breakdown_points = [("tiny-qwen3", 7)]
     return presets
-
-
-def dry_run(args, presets):
-    bw, mm = NOMINAL_H200
-    print(f"moe_bench dry run (no CUDA, no moejit; torch {torch.__version__}): {len(args.presets)} preset(s) x "
-          f"{len(args.tokens)} token count(s)")
-    print(f"timing: CUDA graphs of <= {args.calls} calls, <= {args.replays} replays (>= {args.min_replays}), "
-          f"~{args.budget_s:g} s budget per timing; ceilings measured first: torch.sum over {args.bw_gib:g} GiB bf16, "
-          "8192^3 bf16 matmul")
-    print(f"floor below uses nominal H200 numbers ({bw / 1e12:g} TB/s, {mm / 1e12:g} TFLOP/s) and the expected "
-          "distinct experts of uniform routing; the real run measures both")
-    for name in args.presets:
-        p = presets[name]
-        cfg = dict(p, dtype="bf16")
-        print()
-        print(f"### {name}: {preset_line(name, p)}")
-        print(f"    expert weights {weight_bytes(p) / 1e9:.2f} GB bf16 ({expert_bytes(p) / 1e6:.1f} MB per expert); "
-              f"moejit.MoeConfig(**{json.dumps(cfg, separators=(',', ':'))})")
-        print("    | T | pairs | experts hit (exp.) | touched GB | GFLOP | nominal floor ms | bound | HF eager |")
-        print("    |---|---|---|---|---|---|---|---|")
-        for t in args.tokens:
-            hit = expected_hit(p, t)
-            touched = hit * expert_bytes(p)
-            flops = layer_flops(p, t)
-            fb, fc = touched / bw, flops / mm
-            print(f"    | {t} | {t * p['topk']} | {hit:.1f} | {touched / 1e9:.3f} | {flops / 1e9:.1f} | "
-                  f"{max(fb, fc) * 1e3:.4f} | {'memory' if fb >= fc else 'compute'} | "
-                  f"{hf_skip_reason(p, t, args) or 'run (eager)'} |")
-    print()
-    bd = [f"{n} T={t}" for n, t in args.breakdown_points if n in args.presets]
-    print(f"per-kernel breakdown (torch.profiler, {args.profile_iters} eager calls): {', '.join(bd) or 'none'}")
-    print(f"report file: {args.out or '(none; pass --out FILE.md)'}")
-    return 0
 
 
 def main(argv=None, *, doc):
@@ -153,6 +130,9 @@ def main(argv=None, *, doc):
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
 
+    if args.moejit_library:
+        # moejit then finds the ops registered and loads no other copy (as tests/python/conftest.py does).
+        torch.ops.load_library(os.path.abspath(args.moejit_library))
     import moejit  # loads the op library (ImportError lists where it looked)
 
     hf_fn, hf_desc = (None, "not run (--no-hf)") if args.no_hf else hf_eager_forward()
@@ -184,9 +164,20 @@ def main(argv=None, *, doc):
     bw, mm, details = dev.ceilings(args.bw_gib)
     report.emit(f"- Ceilings (measured now): read bandwidth {bw / 1e12:.3f} TB/s, bf16 matmul {mm / 1e12:.1f} TFLOP/s "
                 f"({details}; {time.perf_counter() - t0:.1f} s)")
+    rates = {}
+    if args.quants:
+        t0 = time.perf_counter()
+        rates = quant_matmul_ceilings(dev, {QUANT_MATMUL[q] for q in args.quants})
+        report.emit(f"- Quantized matmul ceilings (measured now; --quant {' '.join(args.quants)}): "
+                    + "; ".join(f"{kind} {fmt_rate(r)} {'TFLOP/s' if kind == 'fp8' else 'TOPS'} ({d})"
+                                for kind, (r, d) in sorted(rates.items()))
+                    + f" ({time.perf_counter() - t0:.1f} s)")
     report.emit("")
     report.emit(LEGEND)
     report.emit("")
+    if args.quants:
+        report.emit(QUANT_LEGEND)
+        report.emit("")
 
     failures = []
     for name in args.presets:
@@ -255,6 +246,10 @@ def main(argv=None, *, doc):
         for note in bench.notes:
             report.emit(f"- {note}")
         failures.extend(f"{name} {f}" for f in bench.failed)
+        if args.quants:
+            report.emit("")
+            failures.extend(f"{name} {f}" for f in run_quant_variants(bench, args.quants, bw, rates, measured, report,
+                                                                    moejit))
         if dev.cuda and not args.self_test and not args.no_chain_probe:
             chain_probe(name, p, dev, args, report, moejit, measured)
         report.emit("")

@@ -15,6 +15,19 @@ from .report import fmt_err, fmt_ms, fmt_num, short_error
 from .timing import Timing
 
 
+def timing_ms(t):
+    """ms of a Timing; None for a cell that holds a reason instead."""
+    return t.ms if isinstance(t, Timing) else None
+
+
+def timing_cell(t, cuda, graph_expected=True):
+    """A table cell: the reason it was not timed, or its ms ("(eager)" when a graph capture failed)."""
+    if t is None or isinstance(t, str):
+        return t or "-"
+    mark = " (eager)" if graph_expected and t.mode != "graph" and cuda else ""
+    return fmt_ms(t.ms) + mark
+
+
 class PresetBench:
     def __init__(self, name, p, dev, args, report, moejit, hf_fn):
         self.name, self.p, self.d, self.args, self.r = name, p, dev, args, report
@@ -115,26 +128,8 @@ class PresetBench:
         buf, fill = self.make_inputs(tokens, args.calls)
         calls = self.calls(buf)
         errs = self.check(buf, fill, calls, hf_skip)
-        timings, modes = {}, []
-        for key in ("moejit", "experts", "grouped_mm", "hf"):
-            if key == "hf" and hf_skip is not None:
-                timings[key] = hf_skip
-                continue
-            try:
-                t = self.d.time_eager(calls[key], fill) if key == "hf" else \
-                    self.d.time_graph(calls[key], fill, args.calls)
-                timings[key] = t
-                modes.append(f"{key} {t.mode.split(' ')[0]} {t.calls}x{t.reps}")
-                if t.mode.startswith("eager (capture failed"):
-                    self.notes.append(f"T={tokens} {key}: {t.mode}")
-            except Exception as e:  # noqa: BLE001
-                timings[key] = "ERR"  # (not the exception: its traceback would keep the point's tensors alive)
-                self.notes.append(f"T={tokens} {key}: {short_error(e)}")
-                self.failed.append(self.notes[-1])
-                traceback.print_exc(file=sys.stderr)
-                if self.d.cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
+        timings, modes = self.time_calls(tokens, calls, fill, ("moejit", "experts", "grouped_mm", "hf"),
+                                         eager=("hf",), skip={"hf": hf_skip} if hf_skip else {})
         hit = (buf.hit_sum / max(buf.fills, 1)).item()
         del buf, calls
         if self.d.cuda:
@@ -142,15 +137,10 @@ class PresetBench:
         self.notes.append(f"T={tokens} calls per graph x replays: {', '.join(modes)}")
 
         def ms_of(key):
-            t = timings.get(key)
-            return t.ms if isinstance(t, Timing) else None
+            return timing_ms(timings.get(key))
 
         def cell(key, graph_expected=True):
-            t = timings.get(key)
-            if isinstance(t, str):
-                return t
-            mark = " (eager)" if graph_expected and t.mode != "graph" and self.d.cuda else ""
-            return fmt_ms(t.ms) + mark
+            return timing_cell(timings.get(key), self.d.cuda, graph_expected)
 
         touched = hit * expert_bytes(p)
         flops = layer_flops(p, tokens)
@@ -169,6 +159,33 @@ class PresetBench:
         if errs["experts"] > 1e-2:
             self.notes.append(f"T={tokens}: moejit experts-only differs from the layer: rel.err {errs['experts']:.2e}")
         return row, {"moejit": m, "experts": ex, "grouped_mm": gm, "errs": errs}
+
+    def time_calls(self, tokens, calls, fill, keys, eager=(), skip=None, tag="", log=None):
+        """({key: Timing, or a string saying why there is none}, ["key mode callsxreps", ...]): each of
+        `keys` timed as a CUDA graph (those in `eager`: single eager calls); `skip` {key: reason}.
+        Problems go to log.notes and log.failed (log: this bench by default)."""
+        log = log or self
+        timings, modes = {}, []
+        for key in keys:
+            if skip and key in skip:
+                timings[key] = skip[key]
+                continue
+            try:
+                t = self.d.time_eager(calls[key], fill) if key in eager else \
+                    self.d.time_graph(calls[key], fill, self.args.calls)
+                timings[key] = t
+                modes.append(f"{key} {t.mode.split(' ')[0]} {t.calls}x{t.reps}")
+                if t.mode.startswith("eager (capture failed"):
+                    log.notes.append(f"T={tokens}{tag} {key}: {t.mode}")
+            except Exception as e:  # noqa: BLE001
+                timings[key] = "ERR"  # (not the exception: its traceback would keep the point's tensors alive)
+                log.notes.append(f"T={tokens}{tag} {key}: {short_error(e)}")
+                log.failed.append(log.notes[-1])
+                traceback.print_exc(file=sys.stderr)
+                if self.d.cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+        return timings, modes
 
     def breakdown(self, tokens, measured_ms):
         args = self.args

@@ -40,6 +40,13 @@ DEFAULT_BREAKDOWN = "qwen3-30b-a3b:16,mixtral-8x7b:4096,deepseek-v3:64"
 NOMINAL_H200 = (4.8e12, 989e12)  # datasheet HBM3e B/s and dense bf16 FLOP/s; only --dry-run uses these
 BF16_BYTES = 2
 
+# Quantized experts (SPEC.md "Quantized experts"): the --quant values besides "none", the matmul each
+# one's floor is computed with, and the datasheet's dense H200 rates of those (--dry-run only).
+QUANTS = ("fp8_block", "fp8_tensor", "w8a8_int8")
+QUANT_MATMUL = {"fp8_block": "fp8", "fp8_tensor": "fp8", "w8a8_int8": "int8"}
+NOMINAL_H200_QUANT = {"fp8": 1979e12, "int8": 1979e12}  # dense e4m3 FLOP/s, dense int8 OPS
+FP8_BLOCK = 128
+
 
 def preset_line(name, p):
     groups = f" groups {p.get('num_expert_group', 1)}/{p.get('topk_group', 1)}" if p.get("num_expert_group", 1) > 1 else ""
@@ -50,6 +57,27 @@ def preset_line(name, p):
 
 def expert_bytes(p):
     return 3 * p["hidden"] * p["moe_intermediate"] * BF16_BYTES
+
+
+def quant_scale_bytes(p, quant):
+    """fp32 bytes of one expert's scales (and, for w8a8_int8, its smoothing factors: input_smooth is
+    indexed by the global expert, so a touched expert reads its row too)."""
+    h, i = p["hidden"], p["moe_intermediate"]
+    if quant == "fp8_block":
+        def blocks(n):
+            return -(-n // FP8_BLOCK)
+
+        return 4 * (blocks(2 * i) * blocks(h) + blocks(h) * blocks(i))
+    if quant == "fp8_tensor":
+        return 4 * 2
+    if quant == "w8a8_int8":
+        return 4 * (2 * i + h + h + i)  # w13_scale, w2_scale, input_smooth, act_smooth
+    raise ValueError(f"unknown quant {quant!r}")
+
+
+def quant_expert_bytes(p, quant):
+    """One expert's bytes in a quantized layer: 1 byte per weight element plus its scale bytes."""
+    return 3 * p["hidden"] * p["moe_intermediate"] + quant_scale_bytes(p, quant)
 
 
 def weight_bytes(p):

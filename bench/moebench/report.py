@@ -30,6 +30,34 @@ Columns (every timing starts from inputs already in GPU memory; each timed call 
   on one input, same routing (a check that the three compute the same math; bf16 tolerance 2e-2)."""
 
 
+QUANT_COLUMNS = ["T", "quant", "moejit ms", "moejit experts-only ms", "scaled_grouped_mm ms", "TB/s (moejit)",
+                 "TFLOP/s (moejit)", "qfloor ms", "moejit/qfloor", "moejit/moejit bf16", "moejit/scaled_grouped_mm",
+                 "rel.err vs moejit bf16: moejit / scaled_grouped_mm"]
+
+QUANT_LEGEND = """\
+Quantized tables (--quant; per preset, right after its bf16 rows, on the same random bf16 weights quantized
+on the GPU; inputs, routing and timing as above; moejit quantizes the activations itself, SPEC.md):
+- weights: fp8_block = e4m3 with one fp32 scale per 128x128 block (block amax / 448); fp8_tensor = e4m3 with
+  one scale per expert matrix (amax / 448); w8a8_int8 = smoothing factors uniform in [0.5, 2] (input_smooth
+  [E,H], act_smooth [E,I]), the weights divided by them per input channel, then int8 per output channel
+  (amax / 127).
+- moejit ms, moejit experts-only ms: the ops of the bf16 table with the quantized weights and their scales.
+- scaled_grouped_mm ms (fp8 only; the speed reference): the grouped_mm layer with torch._scaled_grouped_mm:
+  sort, gather, offsets, each GEMM's input quantized to e4m3 per row (amax / 448) inside the timed call,
+  weights e4m3 with per-output-row scales. fp8_tensor: its own weights (the same math as moejit's);
+  fp8_block: the bf16 weights quantized per row (coarser than 128x128 blocks). A cell that is not a time
+  says why (int8: torch has no grouped int8 matmul; a failure: its error, in full in the notes).
+- TB/s, TFLOP/s: of the moejit layer. Touched bytes = experts hit * (3*H*I*1 + the expert's fp32 scale
+  bytes; w8a8_int8: also its input_smooth and act_smooth rows); FLOPs = 6*T*K*H*I (int8: operations).
+- qfloor ms = max(touched bytes / read bandwidth, FLOPs / quantized matmul rate), the rates measured above
+  (fp8: torch._scaled_mm 8192^3, the faster of per-row and per-tensor scales; int8: torch._int_mm 8192^3).
+- moejit/moejit bf16 = quantized moejit ms / bf16 moejit ms at the same T in this run (< 1: faster).
+- moejit/scaled_grouped_mm = moejit experts-only ms / scaled_grouped_mm ms (both exclude routing).
+- rel.err: ||out - out_bf16||_F / ||out_bf16||_F against the moejit bf16 layer on one input, same routing
+  (quantization error: ~5e-2..8e-2 for e4m3, ~2e-2..4e-2 for int8 on these random weights; the guard at
+  T=64 and every row flag it above 0.1, rows at T < 16 above 0.2)."""
+
+
 def fmt_ms(x):
     if x is None:
         return "-"
@@ -42,6 +70,11 @@ def fmt_ms(x):
 
 def fmt_num(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+def fmt_rate(x):
+    """A rate in units of 1e12 per second (TB/s, TFLOP/s, TOPS): one decimal, more below 1 (CPU self-test)."""
+    return "-" if x is None else (f"{x / 1e12:.1f}" if x >= 1e12 else f"{x / 1e12:.2g}")
 
 
 def fmt_err(x):

@@ -9,13 +9,16 @@ What may fail, at the first call for a module config:
   ValueError           the module has biases, transposed or interleaved weights, or no gate
   NotImplementedError  config.hidden_act is not silu/swish/gelu/gelu_pytorch_tanh/gelu_new/gelu_fast
 and at every call, from the op: ValueError naming a tensor with the wrong shape, dtype or strides.
+
+register() also adds "moejit" to transformers' FP8 experts registry (ALL_FP8_EXPERTS_FUNCTIONS), so the
+same name runs fine-grained FP8 models' FP8Experts on moejit's fp8_block / fp8_tensor ops: see hf_fp8.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _ops
+from . import _ops, hf_fp8
 from .config import MoeConfig, activation_from_hf, check_hf_experts, dtype_name
 
 __all__ = ["IMPLEMENTATION_NAME", "moejit_experts_forward", "register", "experts_config_json", "find_experts_modules"]
@@ -86,13 +89,16 @@ def moejit_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
 
 
 def register() -> None:
-    """Adds "moejit" to transformers' ALL_EXPERTS_FUNCTIONS (idempotent). Must run before a model is
-    built with experts_implementation="moejit" or switched with set_experts_implementation."""
+    """Adds "moejit" to transformers' ALL_EXPERTS_FUNCTIONS and, where transformers has it, to
+    ALL_FP8_EXPERTS_FUNCTIONS (FP8 models; hf_fp8.moejit_fp8_experts_forward). Idempotent. Must run
+    before a model is built with experts_implementation="moejit" or switched with
+    set_experts_implementation."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     _ops.load_library()
     if ALL_EXPERTS_FUNCTIONS.get(IMPLEMENTATION_NAME) is not moejit_experts_forward:
         ALL_EXPERTS_FUNCTIONS[IMPLEMENTATION_NAME] = moejit_experts_forward
+    hf_fp8.register()
 
 
 def find_experts_modules(model: torch.nn.Module) -> list:
@@ -117,7 +123,11 @@ def module_topk(module: torch.nn.Module):
 
 
 def module_config_json(module: torch.nn.Module, topk: int, dtype=None) -> str:
-    """The JSON the experts implementation will use for this module (same string, same cache entry)."""
+    """The JSON the experts implementation will use for this module (same string, same cache entry).
+    For an FP8Experts module, dtype is the hidden states' (default: the model's) and the JSON is the
+    fp8 one (hf_fp8.module_config_json)."""
+    if hf_fp8.is_fp8_experts(module):
+        return hf_fp8.module_config_json(module, topk, dtype)
     check_hf_experts(module)
     dtype = dtype if dtype is not None else module.gate_up_proj.dtype
     layout = (module.has_bias, module.is_transposed, module.has_gate, module.is_concatenated)
