@@ -352,10 +352,12 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   if (threadIdx.x < STAGES) barrier_init(empty + threadIdx.x, 4 * consumers);  // every working consumer warp
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
-  // SHIFT_REGISTERS: 128 x 48 + 256 x 232 = all of the SM's 65536 registers (the launch holds
-  // 384 x 168); each role's first instruction, so ptxas allocates each role's code for its count.
+  // SHIFT_REGISTERS: setmaxnreg moves registers within the block, whose launch holds 384 x 168:
+  // the producer frees 128 x (168 - 40), exactly the consumers' 256 x (232 - 168). (At 48 the
+  // consumers were 1024 short and setmaxnreg.inc waited forever: a hang on the H200.) Each role's
+  // first instruction, so ptxas allocates each role's code for its count.
   if (warpgroup == CONSUMERS) {
-    if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n" ::: "memory");
+    if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     // Producer: fills slot kt % STAGES once the consumers have emptied its previous use; its first
     // thread has the weight tile copied by TMA (a box per half; the first STAGES were issued above),
     // every thread copies A rows.
