@@ -72,18 +72,19 @@ void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
 // pays the padding rows in tensor-core time, not in weight bytes). A stage of 128-row tiles is
 // 128 bytes deep like the 16-bit ones, holding a whole fp8 scale block. int8 and fp8_tensor scale
 // once after the K loop and take the 16-bit tiles' 256 weight rows. fp8_block keeps a running sum
-// beside each K block's partial sum: 192 weight rows (96 + 96 accumulators per thread; at 128-row
-// tiles the producer warpgroup gives the consumers registers), except gated GEMM 1 at 128 rows,
-// whose epilogue would then spill: 128 weight rows there. Stages fill about 200 KiB of shared
-// memory. Measured on the H200 (bench/RESULTS.md, session 10): with 128 weight rows everywhere
-// DeepSeek-V3 fp8_block reached 441 / 578 TFLOP/s at T = 4096 / 16384, fp8_tensor with 256 rows
-// 663 / 921.
+// beside each K block's partial sum: 128 weight rows (64 + 64 accumulators per thread). Stages fill
+// about 200 KiB of shared memory. Measured on the H200 (bench/RESULTS.md, sessions 10 and 11):
+// DeepSeek-V3 fp8_block 441 / 578 TFLOP/s at T = 4096 / 16384, fp8_tensor with 256 rows 663 / 921.
+// fp8_block tiles of 192 weight rows (96 + 96 accumulators; at 128-row tiles the producer warpgroup
+// hands registers to the consumers) measured +8% at T = 4096, 0 at 16384 and -8% at T = 1 relative
+// to bf16, on two machines; the 128 x 192 one spills 8 bytes in its producer: override-only until
+// an A/B in one run decides.
 void sm90_8bit_tiles(const LayerSpec& c, int bm, TokenBucket& b) {
   bm = std::max(bm, 64);
   auto tile = [&](bool gemm1) {
     const bool gated = gemm1 && c.gated;
     int weight_rows = 256;
-    if (c.quant == Quant::Fp8Block) weight_rows = gated && bm == 128 ? 128 : 192;
+    if (c.quant == Quant::Fp8Block) weight_rows = 128;
     const int stages = std::min(8, 200 * 1024 / ((bm + weight_rows) * 128));
     return wgmma_tile(c, bm, gated ? weight_rows / 2 : weight_rows, stages);
   };
