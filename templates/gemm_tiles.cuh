@@ -1,6 +1,7 @@
 // What both tensor-core grouped GEMMs (mma_gemm.cuh, wgmma_gemm.cuh) share: the grouped
 // rasterization of their 1-D grid, the source row of every tile row (GEMM 1's gather), 16-byte
-// cp.async copies into 128-byte-swizzled shared tiles, and paired 16-bit stores.
+// cp.async copies into 128-byte-swizzled shared tiles, paired stores, and the traits of 8-bit
+// operands (copied as 16-bit pairs, their accumulator, their scaling).
 #pragma once
 
 #include "moejit/common.cuh"
@@ -43,6 +44,43 @@ __device__ __forceinline__ void store_pair(T* at, float x, float y) {
 }
 // Two adjacent fp32 outputs (at: 8-byte aligned): a quantized GEMM 1's activation.
 __device__ __forceinline__ void store_pair(float* at, float x, float y) { *reinterpret_cast<float2*>(at) = make_float2(x, y); }
+
+// The 16-bit unit the pipeline copies and maps: the element itself, or a pair of 8-bit elements.
+template <typename T>
+struct PipelineUnit {
+  using type = T;
+};
+template <>
+struct PipelineUnit<signed char> {
+  using type = unsigned short;
+};
+template <>
+struct PipelineUnit<e4m3> {
+  using type = unsigned short;
+};
+
+// The accumulator of a product: int32 for s8 x s8, fp32 otherwise.
+template <typename T>
+struct Accumulator {
+  using type = float;
+};
+template <>
+struct Accumulator<signed char> {
+  using type = int;
+};
+
+// A spec's 8-bit scaling constants (grouped_gemm.cuh's kScaling, kScaleCols, kScaleRows), or none for 16-bit operands, whose specs
+// do not name them.
+template <typename Spec, bool EIGHT_BIT>
+struct Scaling {
+  static constexpr int kind = kNoScaling;
+  static constexpr long long cols = 1, rows = 1;
+};
+template <typename Spec>
+struct Scaling<Spec, true> {
+  static constexpr int kind = Spec::kScaling;
+  static constexpr long long cols = Spec::kScaleCols, rows = Spec::kScaleRows;
+};
 
 // The (row tile, column tile) of this block in a 1-D grid of max_row_tiles * col_tiles blocks,
 // in groups of GROUP_ROWS row tiles: within a group the row tile runs fastest, so the row tiles of

@@ -7,16 +7,27 @@
 // act(gate) * up is applied in registers (no [T*K, 2I] round trip); GEMM 2 stores Y in sorted order
 // for the fixed-order combine.
 //
+// 8-bit operands (int8 for w8a8 on sm_80 and later, e4m3 for fp8 on sm_89 and later): mma.sync
+// m16n8k32 (s8 x s8 -> s32, e4m3 x e4m3 -> f32), whose fragments, read as pairs of bytes, are
+// m16n8k16's: the pipeline copies and ldmatrix-loads 16-bit units as for bf16, a stage is the same
+// 128 bytes deep (128 elements, one fp8 scale block). Scaling as wgmma_gemm.cuh: int8 and
+// fp8_tensor once in the epilogue (a_scale[row] x w_scale[e][column] or w_scale[e]); fp8_block
+// multiplies each k-tile's partial sum by a_scale[row][kt] x w_scale[e][row block][kt] into a
+// running fp32 sum. A quantized GEMM 1 stores fp32 (times act_smooth for int8).
+//
 // Grid: 1-D, max_row_tiles(T) * ceil(N / kBN) blocks in groups of kGroupRows row tiles: within a
 // group the row tile runs fastest, so the row tiles of one expert that are resident together
 // share each weight tile through L2, and a group's activation rows stay in L2 while every column
 // tile passes over them. Blocks whose row tile is past *num_tiles exit; they come last.
 //
 // Spec:
-//   using A, W, Out (one 16-bit type: __nv_bfloat16 or __half)
-//   kBM (multiple of 16 * kWarpsM), kBN (output columns; multiple of 8 * kWarpsN), kBK = 64
+//   using A, W (one type: __nv_bfloat16, __half, signed char or moejit::e4m3), Out (the model's
+//   16-bit type, or float for a quantized GEMM 1)
+//   kBM (multiple of 16 * kWarpsM), kBN (output columns; multiple of 8 * kWarpsN), kBK = 64 (16-bit)
+//   or 128 (8-bit)
 //   kStages >= 2, kWarpsM, kWarpsN (threads = 32 * kWarpsM * kWarpsN), kGroupRows
-//   kN, kK (kK % 8 == 0), kGemm1, kGated, kAct, kGather, kTopk
+//   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kGather, kTopk
+//   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides
 //   kWeightsBeforeWait: the entry point left the wait for the previous kernel to the body, which
 //   first issues the weight copies of the first stages (GEMM 2; gemm_tiles.cuh's wait_in_body)
@@ -51,30 +62,65 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 8-bit operands, K = 32 (templates: instantiated, so emitted, only where a kernel multiplies
+// that type; e4m3 needs sm_89).
+template <int = 0>
+__device__ __forceinline__ void mma_16x8x32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                                            const signed char*) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int = 0>
+__device__ __forceinline__ void mma_16x8x32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                                            const e4m3*) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 }  // namespace mma_detail
 
 template <typename Spec>
 __device__ void grouped_gemm_mma(const GemmArgs& args) {
   using namespace mma_detail;
   using namespace tile;
-  using T = typename Spec::A;
-  constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK, STAGES = Spec::kStages;
+  using Operand = typename Spec::A;                // what the mma multiplies
+  using T = typename PipelineUnit<Operand>::type;  // what the pipeline copies: 16 bits
+  using Acc = typename Accumulator<Operand>::type;
+  using Out = typename Spec::Out;
+  constexpr bool EIGHT_BIT = sizeof(Operand) == 1;
+  constexpr int SCALING = Scaling<Spec, EIGHT_BIT>::kind;
+  constexpr bool BLOCK = SCALING == kBlockScaling;  // a running sum, scaled per K block
+  constexpr int ELEMENTS_PER_UNIT = static_cast<int>(sizeof(T) / sizeof(Operand));
+  // BK and K below count pipeline units: a k-tile of 64 units is 128 bytes of a row.
+  constexpr int BM = Spec::kBM, BN = Spec::kBN, BK = Spec::kBK / ELEMENTS_PER_UNIT, STAGES = Spec::kStages;
   constexpr int WARPS_M = Spec::kWarpsM, WARPS_N = Spec::kWarpsN, THREADS = 32 * WARPS_M * WARPS_N;
   constexpr int HALVES = Spec::kGated ? 2 : 1;  // gate rows, then up rows of the same columns
   constexpr int TILE_W_ROWS = HALVES * BN;
-  constexpr long long N = Spec::kN, K = Spec::kK;
+  constexpr long long N = Spec::kN, K = Spec::kK / ELEMENTS_PER_UNIT;
   constexpr long long EXPERT_W_ROWS = HALVES * N;
   constexpr int WARP_ROWS = BM / WARPS_M, WARP_COLS = BN / WARPS_N;
   constexpr int MF = WARP_ROWS / 16;       // 16-row fragments per warp
   constexpr int NF = WARP_COLS / 8;        // 8-column fragments per warp and half
   constexpr int FRAGS = HALVES * NF;       // gate fragments first, then the up ones
-  constexpr int A_STAGE = BM * BK, W_STAGE = TILE_W_ROWS * BK;  // elements
+  constexpr int A_STAGE = BM * BK, W_STAGE = TILE_W_ROWS * BK;  // units
   constexpr int K_TILES = static_cast<int>((K + BK - 1) / BK);
   constexpr int COL_TILES = static_cast<int>((N + BN - 1) / BN);
-  static_assert(BK == 64, "the swizzle assumes 64-element (128-byte) rows");
+  static_assert(BK == 64, "the swizzle assumes 64-unit (128-byte) rows");
   static_assert(WARP_ROWS % 16 == 0 && WARP_COLS % 8 == 0 && FRAGS % 2 == 0, "warp tile shape");
   static_assert(STAGES >= 2, "a pipeline needs two stages");
-  static_assert(sizeof(T) == 2, "16-bit operands only");
+  static_assert(sizeof(T) == 2, "16-bit pipeline units");
+  static_assert(Spec::kK % ELEMENTS_PER_UNIT == 0, "8-bit rows of whole byte pairs");
+  static_assert(!BLOCK || Spec::kBK == Scaling<Spec, EIGHT_BIT>::cols, "a k-tile is one scale block");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  static_assert(!EIGHT_BIT || SCALING == kRowChannelScaling, "e4m3 mma.sync needs sm_89 or later");
+#endif
   static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 <= Spec::kSharedBytes,
                 "the launch's shared memory must hold the pipeline");
 
@@ -117,13 +163,13 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
 
-  float acc[MF][FRAGS][4];
+  Acc acc[MF][FRAGS][4];
 #pragma unroll
   for (int i = 0; i < MF; ++i)
 #pragma unroll
     for (int j = 0; j < FRAGS; ++j)
 #pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = Acc(0);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -136,6 +182,36 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
     const int half = frag / NF, j = frag % NF;
     return half * BN + warp_n * WARP_COLS + j * 8;
   };
+  // The tile row of this thread's accumulators (i, h): fragment rows lane / 4 and 8 more.
+  auto acc_row = [&](int i, int h) { return warp_m * WARP_ROWS + i * 16 + (lane >> 2) + h * 8; };
+  // The output column of this thread's accumulator pair of fragment j (within its half).
+  auto acc_col = [&](int j) { return n0 + warp_n * WARP_COLS + (j % NF) * 8 + (lane & 3) * 2; };
+
+  // 8-bit: the scale blocks of the activation rows (per row) and of the expert's weights.
+  constexpr long long SCALE_COLS = Scaling<Spec, EIGHT_BIT>::cols, SCALE_ROWS = Scaling<Spec, EIGHT_BIT>::rows;
+  constexpr long long A_GROUPS = (Spec::kK + SCALE_COLS - 1) / SCALE_COLS;
+  constexpr long long W_ROW_BLOCKS = (HALVES * N + SCALE_ROWS - 1) / SCALE_ROWS;
+  // fp8_block: the running sum, and where this thread's weight rows find their scales: a half's
+  // WARP_COLS (<= 128) rows from first_row meet at most one block edge; fragments of columns below
+  // `edge` have row block first_block[half], the others the next one.
+  static_assert(!BLOCK || (WARP_COLS <= SCALE_ROWS && SCALE_ROWS % 8 == 0), "a half's rows span at most two row blocks");
+  float total[BLOCK ? MF : 1][BLOCK ? FRAGS : 1][4];
+  int first_block[HALVES], edge[HALVES];
+  if constexpr (BLOCK) {
+#pragma unroll
+    for (int i = 0; i < MF; ++i)
+#pragma unroll
+      for (int j = 0; j < FRAGS; ++j)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) total[i][j][v] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h) {
+      const long long first_row = h * N + n0 + warp_n * WARP_COLS;
+      first_block[h] = static_cast<int>(first_row / SCALE_ROWS);
+      edge[h] = static_cast<int>((first_block[h] + 1) * SCALE_ROWS - first_row);
+    }
+  }
+  const float* w_block_scales = BLOCK ? args.w_scale + expert * W_ROW_BLOCKS * A_GROUPS : nullptr;
 
   int read_slot = 0, write_slot = STAGES - 1;  // kt % STAGES and (kt + STAGES - 1) % STAGES
   for (int kt = 0; kt < K_TILES; ++kt) {
@@ -145,11 +221,32 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
     commit_async();
     write_slot = write_slot == STAGES - 1 ? 0 : write_slot + 1;
 
+    // fp8_block: this k-tile's scales, read while its mmas run: the activation scales of the
+    // thread's rows (a_row: their source rows, -1 for none) and, per half, the weight scales of
+    // its (at most two) row blocks.
+    float row_scale[BLOCK ? MF : 1][2], block_scale[HALVES][2];
+    if constexpr (BLOCK) {
+#pragma unroll
+      for (int i = 0; i < MF; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long src = a_row[acc_row(i, h)];
+          row_scale[i][h] = src >= 0 ? __ldg(args.a_scale + src * A_GROUPS + kt) : 0.0f;
+        }
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h) {
+        block_scale[h][0] = first_block[h] < W_ROW_BLOCKS ? __ldg(w_block_scales + first_block[h] * A_GROUPS + kt) : 0.0f;
+        block_scale[h][1] = edge[h] < WARP_COLS && first_block[h] + 1 < W_ROW_BLOCKS
+                                ? __ldg(w_block_scales + (first_block[h] + 1) * A_GROUPS + kt)
+                                : 0.0f;
+      }
+    }
+
     const T* as = a_smem + read_slot * A_STAGE;
     const T* ws = w_smem + read_slot * W_STAGE;
     read_slot = read_slot == STAGES - 1 ? 0 : read_slot + 1;
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
+    for (int kk = 0; kk < BK / 16; ++kk) {  // 16 units: k16 of 16-bit, k32 of 8-bit operands
       unsigned af[MF][4];
 #pragma unroll
       for (int i = 0; i < MF; ++i) {
@@ -170,31 +267,75 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
 #pragma unroll
       for (int i = 0; i < MF; ++i)
 #pragma unroll
-        for (int j = 0; j < FRAGS; ++j) mma_16x8x16(acc[i][j], af[i], bf[j][0], bf[j][1], static_cast<const T*>(nullptr));
+        for (int j = 0; j < FRAGS; ++j) {
+          if constexpr (EIGHT_BIT)
+            mma_16x8x32(acc[i][j], af[i], bf[j][0], bf[j][1], static_cast<const Operand*>(nullptr));
+          else
+            mma_16x8x16(acc[i][j], af[i], bf[j][0], bf[j][1], static_cast<const Operand*>(nullptr));
+        }
+    }
+    if constexpr (BLOCK) {
+      // The k-tile's partial sums into the running sum; the next k-tile starts afresh.
+#pragma unroll
+      for (int j = 0; j < FRAGS; ++j) {
+        const int half = j / NF;
+        const float w_scale = (j % NF) * 8 < edge[half] ? block_scale[half][0] : block_scale[half][1];
+#pragma unroll
+        for (int i = 0; i < MF; ++i)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            total[i][j][v] = fmaf(acc[i][j][v], row_scale[i][v / 2] * w_scale, total[i][j][v]);
+            acc[i][j][v] = 0.0f;
+          }
+      }
     }
   }
   wait_async<0>();
 
+  // int8 and fp8_tensor: the expert's tensor scale.
+  float tensor_scale = 1.0f;
+  if constexpr (SCALING == kTensorScaling) tensor_scale = __ldg(args.w_scale + expert);
+  // The sum of accumulator (i, j, v), scaled back for 8-bit operands; r its tile row's source row
+  // (row scales), col its column.
+  auto sum = [&](int i, int j, int v, float row_scale, long long col) -> float {
+    if constexpr (BLOCK) {
+      return total[i][j][v];
+    } else if constexpr (SCALING == kRowChannelScaling) {
+      const float channel = __ldg(args.w_scale + (static_cast<long long>(expert) * HALVES + j / NF) * N + col);
+      return static_cast<float>(acc[i][j][v]) * row_scale * channel;
+    } else if constexpr (SCALING == kTensorScaling) {
+      return acc[i][j][v] * row_scale * tensor_scale;
+    } else {
+      return acc[i][j][v];
+    }
+  };
+
   // Epilogue: thread (g = lane / 4, t = lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
   // of each fragment.
-  T* out = static_cast<T*>(args.out);
+  Out* out = static_cast<Out*>(args.out);
 #pragma unroll
   for (int i = 0; i < MF; ++i) {
 #pragma unroll
     for (int j = 0; j < NF; ++j) {
-      const long long col = n0 + warp_n * WARP_COLS + j * 8 + (lane & 3) * 2;
+      const long long col = acc_col(j);
       if (col >= N) continue;  // N is even, so col + 1 < N too
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = warp_m * WARP_ROWS + i * 16 + (lane >> 2) + h * 8;
+        const int r = acc_row(i, h);
         if (r >= rows) continue;
-        float x = acc[i][j][2 * h], y = acc[i][j][2 * h + 1];
+        float row_scale = 1.0f;  // int8 and fp8_tensor: the row's activation scale
+        if constexpr (SCALING == kRowChannelScaling || SCALING == kTensorScaling) row_scale = __ldg(args.a_scale + a_row[r]);
+        float x = sum(i, j, 2 * h, row_scale, col), y = sum(i, j, 2 * h + 1, row_scale, col + 1);
         if constexpr (Spec::kGemm1) {
           x = activate<Spec::kAct>(x);
           y = activate<Spec::kAct>(y);
           if constexpr (Spec::kGated) {
-            x *= acc[i][NF + j][2 * h];
-            y *= acc[i][NF + j][2 * h + 1];
+            x *= sum(i, NF + j, 2 * h, row_scale, col);
+            y *= sum(i, NF + j, 2 * h + 1, row_scale, col + 1);
+          }
+          if constexpr (SCALING == kRowChannelScaling) {  // int8: smoothing for GEMM 2's quantization
+            x *= __ldg(args.act_smooth + expert * N + col);
+            y *= __ldg(args.act_smooth + expert * N + col + 1);
           }
         }
         store_pair(out + (row0 + r) * N + col, x, y);

@@ -222,43 +222,6 @@ __device__ __forceinline__ void fence_accumulators(int (&d)[FLOATS]) {
   for (int i = 0; i < FLOATS; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// The 16-bit unit the pipeline copies and maps: the element itself, or a pair of 8-bit elements.
-template <typename T>
-struct PipelineUnit {
-  using type = T;
-};
-template <>
-struct PipelineUnit<signed char> {
-  using type = unsigned short;
-};
-template <>
-struct PipelineUnit<e4m3> {
-  using type = unsigned short;
-};
-
-// The accumulator of a product: int32 for s8 x s8, fp32 otherwise.
-template <typename T>
-struct Accumulator {
-  using type = float;
-};
-template <>
-struct Accumulator<signed char> {
-  using type = int;
-};
-
-// A spec's 8-bit scaling constants (grouped_gemm.cuh), or none for 16-bit operands, whose specs
-// do not name them.
-template <typename Spec, bool EIGHT_BIT>
-struct Scaling {
-  static constexpr int kind = kNoScaling;
-  static constexpr long long cols = 1, rows = 1;
-};
-template <typename Spec>
-struct Scaling<Spec, true> {
-  static constexpr int kind = Spec::kScaling;
-  static constexpr long long cols = Spec::kScaleCols, rows = Spec::kScaleRows;
-};
-
 }  // namespace wgmma_detail
 
 // `args` must be the kernel's __grid_constant__ parameter: the TMA reads args.w_map where it lies.

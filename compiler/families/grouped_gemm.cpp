@@ -1,6 +1,7 @@
 #include "compiler/families/grouped_gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -48,6 +49,11 @@ std::string operand_type(const LayerSpec& c) {
 
 bool wgmma_arch(const std::string& arch) { return arch == "sm_90a"; }
 
+bool fp8_mma_arch(const std::string& arch) {
+  // "sm_89", "sm_90a", "sm_120": the number after "sm_".
+  return arch.starts_with("sm_") && std::atoi(arch.c_str() + 3) >= 89;
+}
+
 int operand_bytes(const LayerSpec& c) { return is_quantized(c.quant) ? 1 : dtype_bytes(c.dtype); }
 
 bool tensor_core_eligible(const LayerSpec& c) {
@@ -75,8 +81,9 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
            "16-byte chunks (multiples of 8 16-bit or 16 8-bit elements)";
   const int threads = 32 * t.warps_m * t.warps_n, weight_rows = halves * t.bn;
   const bool eight_bit = operand_bytes(c) == 1;
-  if (t.kernel == GemmKernel::TensorCore && eight_bit)
-    return "asks for mma.sync tiles, which take 16-bit operands; 8-bit weights run on wgmma (sm_90a) or SIMT";
+  if (t.kernel == GemmKernel::TensorCore && is_fp8(c.quant) && !fp8_mma_arch(arch))
+    return fmt::format("asks for mma.sync on e4m3, which needs sm_89 or later (the arch is {}); fp8 runs on SIMT there",
+                       arch);
   if (t.bk * operand_bytes(c) != 128)
     return eight_bit ? "needs BK = 128 (8-bit operands)" : "needs BK = 64";
   if (t.kernel == GemmKernel::Wgmma) {
@@ -99,6 +106,10 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
   if (t.warps_m <= 0 || t.warps_n <= 0 || threads > 1024) return "needs 1 to 32 warps";
   if (t.bm % (16 * t.warps_m)) return "needs BM a multiple of 16 * warps_m";
   if (weight_rows % (16 * t.warps_n)) return "needs (2 if gated GEMM 1) * BN a multiple of 16 * warps_n";
+  // fp8_block keeps a running sum beside each K block's partial one: two accumulator sets.
+  if (c.quant == Quant::Fp8Block && (t.bm / t.warps_m) * (weight_rows / t.warps_n) / 32 > 64)
+    return "needs at most 64 accumulators per thread ((BM / warps_m) x ((2 if gated GEMM 1) * BN / warps_n) / 32) "
+           "with fp8_block (two accumulator sets)";
   if ((t.bm * 8) % threads || (weight_rows * 8) % threads) return "needs the tile's 16-byte chunks to split evenly over the threads";
   if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";
   return {};

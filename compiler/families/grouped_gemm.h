@@ -24,12 +24,15 @@ constexpr int kMinRowTile = 16;
 // Whether `arch` runs the warpgroup-MMA GEMMs (wgmma is sm_90a-specific).
 bool wgmma_arch(const std::string& arch);
 
+// Whether `arch` has mma.sync on e4m3 operands (sm_89 and later; int8 mma.sync is sm_80's).
+bool fp8_mma_arch(const std::string& arch);
+
 // Bytes of a GEMM operand element: 1 for the quantized layers (int8, e4m3), else the dtype's.
 int operand_bytes(const LayerSpec& spec);
 
 // The tensor-core variants need bf16/fp16 activations, the nk layout (k contiguous, as the MMAs'
-// B operand wants) and rows that split into 16-byte chunks. (mma.sync tiles further need 16-bit
-// operands: tile_problem.)
+// B operand wants) and rows that split into 16-byte chunks. (mma.sync on e4m3 further needs
+// sm_89: tile_problem.)
 bool tensor_core_eligible(const LayerSpec& spec);
 
 // A wgmma tile: a consumer warpgroup per 64 rows and one producer warpgroup

@@ -23,7 +23,9 @@ std::vector<TokenBucket> plan_buckets(const LayerSpec& c, const std::string& arc
                                      {BucketKind::Mid, 33, 512, kMidTokens, kMidTokens},
                                      {BucketKind::Prefill, 513, kLast, kPrefillTokens, kPrefillTokens}};
   const bool eight_bit = operand_bytes(c) == 1;
-  // 8-bit weights take tensor cores through wgmma only (mma.sync tiles are 16-bit): SIMT elsewhere.
+  // 8-bit weights take tensor cores through wgmma (sm_90a). mma_gemm.cuh's 8-bit mma.sync (int8
+  // from sm_80, e4m3 from sm_89) is reachable through MOEJIT_TILES ("tc:" tiles) but has not run on
+  // a GPU yet (bench/RESULTS.md, 2026-12-03): until it has, the planner keeps SIMT elsewhere.
   const bool tensor_core = tensor_core_eligible(c) && (!eight_bit || wgmma_arch(arch));
   const bool wgmma = tensor_core && wgmma_arch(arch);
   if (wgmma && !eight_bit) {

@@ -1,5 +1,6 @@
 // Every tensor-core arch without wgmma (sm_80 and the others NVRTC builds for): mma.sync tiles;
 // and the SIMT tiles any spec the tensor-core GEMMs cannot take runs on.
+#include "compiler/families/grouped_gemm.h"
 #include "compiler/heuristics/heuristics.h"
 
 namespace moejit::heuristics {
@@ -16,7 +17,7 @@ TileShape tensor_core_tile(const LayerSpec& c, int bm, bool gemm1, bool decode_b
   TileShape t;
   t.kernel = GemmKernel::TensorCore;
   t.bm = bm;
-  t.bk = 64;
+  t.bk = 128 / operand_bytes(c);  // one 128-byte row: 64 16-bit or 128 8-bit elements
   int weight_rows = 0;
   if (bm == 16 && decode_bucket) {
     t.warps_m = 1, t.warps_n = 2, t.stages = 8, weight_rows = 32;
@@ -28,6 +29,8 @@ TileShape tensor_core_tile(const LayerSpec& c, int bm, bool gemm1, bool decode_b
     t.warps_m = 2, t.warps_n = 2, t.stages = 4, weight_rows = 128;
   } else {
     t.warps_m = 2, t.warps_n = 4, t.stages = 3, weight_rows = 256;
+    // fp8_block's running sum doubles the accumulators: a 64 x 32 warp tile (64 + 64 per thread).
+    if (c.quant == Quant::Fp8Block) weight_rows = 128;
   }
   t.bn = (gemm1 && c.gated) ? weight_rows / 2 : weight_rows;
   return t;

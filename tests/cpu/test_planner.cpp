@@ -168,7 +168,8 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
 }
 
 // 8-bit weights: wgmma in every bucket on sm_90a (row tiles of 64 at least), SIMT where wgmma is
-// not (mma.sync tiles are 16-bit), and SIMT when rows do not split into 16-byte chunks.
+// not (the 8-bit mma.sync tiles have not run on a GPU yet), and SIMT when rows do not split into
+// 16-byte chunks.
 TEST(Planner, EightBitWeightsTakeWgmmaOnHopperSimtElsewhere) {
   for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
     for (const auto& name : preset_names()) {
@@ -197,8 +198,20 @@ TEST(Planner, EightBitWeightsTakeWgmmaOnHopperSimtElsewhere) {
   c.quant = Quant::Fp8Block;
   EXPECT_NE(tile_problem(c, false, wgmma_tile(c, 128, 256, 4), "sm_90a").find("at most 192"), std::string::npos);
   EXPECT_NE(tile_problem(c, false, wgmma_tile(c, 128, 128, 4), "sm_80").find("sm_90a"), std::string::npos);
+  // mma.sync on 8-bit operands (reachable through tile overrides): int8 from sm_80, e4m3 from sm_89;
+  // fp8_block at most 64 accumulators per thread (a running sum beside them).
   TileShape mma{GemmKernel::TensorCore, 64, 64, 128, 2, 2, 4};
-  EXPECT_NE(tile_problem(c, false, mma, "sm_90a").find("16-bit operands"), std::string::npos);
+  EXPECT_EQ(tile_problem(c, false, mma, "sm_90a"), "");
+  EXPECT_EQ(tile_problem(c, false, mma, "sm_89"), "");
+  EXPECT_NE(tile_problem(c, false, mma, "sm_80").find("sm_89 or later (the arch is sm_80)"), std::string::npos);
+  EXPECT_NE(tile_problem(c, false, TileShape{GemmKernel::TensorCore, 128, 256, 128, 2, 4, 3}, "sm_90a")
+                .find("at most 64 accumulators"),
+            std::string::npos);
+  MoeConfig int8 = c;
+  int8.quant = Quant::W8A8Int8;
+  EXPECT_EQ(tile_problem(int8, false, TileShape{GemmKernel::TensorCore, 128, 256, 128, 2, 4, 3}, "sm_80"), "");
+  EXPECT_NE(tile_problem(int8, false, TileShape{GemmKernel::TensorCore, 64, 64, 64, 2, 2, 4}, "sm_80").find("BK = 128"),
+            std::string::npos);
   TileShape shallow = wgmma_tile(c, 128, 128, 4);
   shallow.bk = 64;
   EXPECT_NE(tile_problem(c, false, shallow, "sm_90a").find("BK = 128"), std::string::npos);

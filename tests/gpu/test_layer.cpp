@@ -39,9 +39,10 @@ bool run_and_check(const Layer& layer, const Problem& p, const CheckOptions& opt
 // ---------------------------------------------------------------------------------------------
 // Small configs, selected by gpu.memcheck and gpu.racecheck (--gtest_filter=Sanitize.*). Two
 // token counts each, in different tile buckets; reference::layer is run literally as well.
-void sanitize_config(const MoeConfig& c, std::initializer_list<int64_t> token_counts, bool residual) {
+void sanitize_config(const MoeConfig& c, std::initializer_list<int64_t> token_counts, bool residual,
+                     const LayerOptions& options = {}) {
   Seeds seeds;
-  auto layer = Layer::create(c);
+  auto layer = Layer::create(c, options);
   for (int64_t T : token_counts) {
     Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = residual});
     EXPECT_TRUE(run_and_check(*layer, p, {.reference_layer = true})) << "T = " << T;
@@ -183,6 +184,31 @@ TEST(Sanitize, W8a8Int8Wgmma) { sanitize_config(eight_bit_config(Quant::W8A8Int8
 TEST(Sanitize, Fp8BlockWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Block), {7, 40, 700}, true); }
 
 TEST(Sanitize, Fp8TensorWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Tensor), {5, 700}, false); }
+
+// The 8-bit mma.sync GEMMs (mma_gemm.cuh: int8 from sm_80, e4m3 from sm_89; the planner runs them
+// nowhere yet, so tile overrides force them): 16-row tiles in decode (T = 7), 64 in mid (T = 40),
+// 128 in prefill (T = 700), with the partial k-tiles, scale blocks and column tiles of H = 208,
+// I = 144.
+LayerOptions eight_bit_mma_tiles() {
+  auto tc = [](int bm, int bn, int stages, int warps_m, int warps_n) {
+    return TileShape{GemmKernel::TensorCore, bm, bn, 128, warps_m, warps_n, stages};
+  };
+  LayerOptions options;
+  options.tiles = {{"decode", true, tc(16, 16, 8, 1, 2)},   {"decode", false, tc(16, 32, 8, 1, 2)},
+                   {"mid", true, tc(64, 64, 4, 2, 2)},      {"mid", false, tc(64, 128, 4, 2, 2)},
+                   {"prefill", true, tc(128, 64, 3, 2, 4)}, {"prefill", false, tc(128, 128, 3, 2, 4)}};
+  return options;
+}
+
+TEST(Sanitize, W8a8Int8Mma) {
+  sanitize_config(eight_bit_config(Quant::W8A8Int8), {7, 40, 700}, true, eight_bit_mma_tiles());
+}
+
+TEST(Sanitize, Fp8BlockMma) { sanitize_config(eight_bit_config(Quant::Fp8Block), {7, 40, 700}, true, eight_bit_mma_tiles()); }
+
+TEST(Sanitize, Fp8TensorMma) {
+  sanitize_config(eight_bit_config(Quant::Fp8Tensor), {7, 40, 700}, false, eight_bit_mma_tiles());
+}
 
 // fp8 on the SIMT template (H not a multiple of 16), fp16, non-gated GELU.
 TEST(Sanitize, Fp8BlockSimt) {
