@@ -123,6 +123,10 @@ TopkMethod parse_method(const Keys& k, const std::string& key, const std::string
 // Keys every family spells the same way.
 void map_sizes(const Keys& k, MoeConfig& c, const std::function<bool(const char*)>& is_set,
                const char* experts_key, const char* intermediate_key) {
+  // transformers 5.x writes the Qwen MoE configs' expert count as num_local_experts (Qwen3MoeConfig
+  // renamed num_experts); the published checkpoints spell it num_experts.
+  if (std::string_view(experts_key) == "num_experts" && !k.has(experts_key) && k.has("num_local_experts"))
+    experts_key = "num_local_experts";
   if (!is_set("experts")) c.experts = k.int32(experts_key);
   if (!is_set("topk")) c.topk = k.int32("num_experts_per_tok");
   if (!is_set("hidden")) c.hidden = k.int64("hidden_size");

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "temp_dir.h"
+
 #include "common/error.h"
 #include "compiler/hf_config.h"
 #include "compiler/moe_config.h"
@@ -31,28 +33,9 @@ json read_json(const std::string& path) {
 }
 
 // A scratch folder per test, removed afterwards.
-class TempDir {
+class TempDir : public testing_support::TempDir {
  public:
-  TempDir() {
-    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(testing::TempDir()) / (std::string("moejit_hf_") + info->test_suite_name() + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::path p = path_ / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
+  TempDir() : testing_support::TempDir("moejit_hf_") {}
 };
 
 // Runs `f`, which must throw InvalidInput, and checks that the message contains every part.
@@ -194,6 +177,18 @@ TEST(HfConfig, NeitherFormatIsRefused) {
   expect_invalid([&] { load_config_file(path); }, {path, "model_type", "experts"});
   std::string array = dir.write("array.json", "[1, 2]");
   expect_invalid([&] { load_config_file(array); }, {array, "must be an object", "array"});
+}
+
+// transformers 5.17 saves Qwen3MoeConfig's expert count as num_local_experts (save_pretrained of a
+// model built from a config); the published checkpoints say num_experts. Either reads.
+TEST(HfConfig, QwenExpertCountUnderEitherName) {
+  json q = read_json(hf_fixture("qwen3-30b-a3b"));
+  const int experts = q["num_experts"].get<int>();
+  q.erase("num_experts");
+  q["num_local_experts"] = experts;
+  EXPECT_EQ(config_from_hf_json(q).experts, experts);
+  q.erase("num_local_experts");
+  expect_invalid([&] { config_from_hf_json(q); }, {"qwen3_moe", "'num_experts' is missing"});
 }
 
 TEST(HfConfig, MissingKeyNamesTheKeyAndTheFamily) {
