@@ -20,6 +20,9 @@ class ConfigOptions {
   // given, or when the result is invalid.
   MoeConfig resolve() const;
 
+  // The --model folder, or empty.
+  const std::string& model_dir() const { return model_dir_; }
+
  private:
   std::string preset_;
   std::string model_dir_;

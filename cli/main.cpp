@@ -10,6 +10,8 @@
 
 #include "cache/kernel_cache.h"
 #include "cli/config_options.h"
+#include "cli/human_bytes.h"
+#include "cli/inspect.h"
 #include "common/error.h"
 #include "common/knobs.h"
 #include "common/version.h"
@@ -44,13 +46,6 @@ int64_t parse_size(const std::string& text) {
   if (!used || value < 0)
     throw InvalidInput(fmt::format("--max-size: '{}' is not a size; use bytes or a number with K, M or G", text));
   return static_cast<int64_t>(value * static_cast<double>(unit));
-}
-
-std::string human_bytes(int64_t bytes) {
-  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.1f} GiB", bytes / double(int64_t{1} << 30));
-  if (bytes >= (1 << 20)) return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
-  if (bytes >= (1 << 10)) return fmt::format("{:.1f} KiB", bytes / double(1 << 10));
-  return fmt::format("{} B", bytes);
 }
 
 std::string resolve_arch(const std::string& requested) {
@@ -217,6 +212,16 @@ int run(int argc, char** argv) {
 
   auto* info_cmd = app.add_subcommand("info", "NVRTC, CUDA home, device and every MOEJIT_* knob");
 
+  auto* inspect_cmd = app.add_subcommand("inspect", "each MoE layer's expert tensors in a checkpoint, and what is missing");
+  ConfigOptions inspect_inputs;
+  inspect_inputs.add_to(*inspect_cmd);
+  InspectOptions inspect_options;
+  inspect_cmd->add_option("--layer", inspect_options.layer, "only this layer (its index in the model)")
+      ->check(CLI::NonNegativeNumber);
+  inspect_cmd->add_option("--dump-experts", inspect_options.dump_experts,
+                          "write the layer's experts packed for the config's rank (w13, w2, scales, correction bias) "
+                          "to this .safetensors file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -239,6 +244,8 @@ int run(int argc, char** argv) {
       compile(compile_inputs, arch, with_plan, max_tokens);
     } else if (info_cmd->parsed()) {
       info();
+    } else if (inspect_cmd->parsed()) {
+      return inspect(inspect_inputs, inspect_options);
     } else if (cache_path->parsed()) {
       fmt::print("{}\n", knobs().cache_dir);
     } else if (cache_ls->parsed()) {

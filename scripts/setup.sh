@@ -51,9 +51,10 @@ command -v ninja >/dev/null 2>&1 || echo "setup: ninja not found; building with 
 # The torch side (op library, Python package, its tests) builds against the GPU machine's versions.
 # Where python3 lacks them and pip can reach PyPI, install those pins (CI does this; the GPU
 # machine has them and no registry).
-python_pins=("torch==2.11.0" "transformers==5.17.0" "pytest" "wheel")
+# safetensors writes the checkpoint tests' files (transformers needs it too; named so it is there).
+python_pins=("torch==2.11.0" "transformers==5.17.0" "safetensors" "pytest" "wheel")
 if command -v python3 >/dev/null 2>&1; then
-  if ! python3 -c "import torch, transformers, pytest, wheel" >/dev/null 2>&1; then
+  if ! python3 -c "import torch, transformers, safetensors, pytest, wheel" >/dev/null 2>&1; then
     echo "setup: installing ${python_pins[*]} with pip"
     python3 -m pip install -q "${python_pins[@]}" \
       || echo "setup: could not install the torch side; the op library and its tests will be skipped"

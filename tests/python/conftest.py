@@ -36,6 +36,16 @@ HIDDEN, MOE_INTERMEDIATE, VOCAB = 64, 32, 128
 def pytest_addoption(parser):
     parser.addoption("--moejit-library", default=None,
                      help="load this libmoejit_torch.so before importing moejit (default: where moejit looks)")
+    parser.addoption("--moejit-cli", default=str(ROOT / "build" / "moejit"),
+                     help="the moejit command the CLI tests run (default: build/moejit)")
+
+
+@pytest.fixture
+def moejit_cli(request):
+    path = pathlib.Path(request.config.getoption("--moejit-cli"))
+    if not path.is_file():
+        pytest.skip(f"no moejit command at {path} (build it, or pass --moejit-cli)")
+    return path
 
 
 def pytest_configure(config):

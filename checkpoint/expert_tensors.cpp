@@ -1,0 +1,335 @@
+#include "checkpoint/expert_tensors.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace moejit::checkpoint {
+namespace {
+
+constexpr int64_t kBlock = kFp8BlockSize;
+
+bool all_digits(std::string_view text) {
+  return !text.empty() && text.size() <= 6 &&
+         std::all_of(text.begin(), text.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; });
+}
+
+// "model.layers.12.mlp" -> 12, or -1 when the prefix has no ".layers.<n>." part before its last segment.
+int layer_index(std::string_view prefix) {
+  const size_t last_dot = prefix.rfind('.');
+  if (last_dot == std::string_view::npos) return -1;
+  const std::string_view head = prefix.substr(0, last_dot);  // "model.layers.12"
+  const size_t dot = head.rfind('.');
+  if (dot == std::string_view::npos) return -1;
+  const std::string_view number = head.substr(dot + 1), before = head.substr(0, dot);
+  if (!all_digits(number)) return -1;
+  if (before != "layers" && !before.ends_with(".layers")) return -1;
+  return std::stoi(std::string(number));
+}
+
+// The safetensors dtype of the layer's weights.
+std::string weight_dtype(const MoeConfig& c) {
+  if (is_fp8(c.quant)) return "F8_E4M3";
+  switch (c.dtype) {
+    case DType::BF16: return "BF16";
+    case DType::FP16: return "F16";
+    case DType::FP32: return "F32";
+  }
+  return "?";
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, nan
+  } else if (exponent == 0) {
+    float f = static_cast<float>(mantissa) * 0x1p-24f;  // subnormal (or zero)
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+float to_float(const unsigned char* p, const std::string& dtype) {
+  if (dtype == "F32") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if (dtype == "BF16") {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  return half_to_float(h);  // F16
+}
+
+[[noreturn]] void layer_error(const Checkpoint& checkpoint, const MoeLayerTensors& layer, std::string_view why) {
+  throw InvalidInput(fmt::format("checkpoint '{}': layer {} ({}, {} names): {}", checkpoint.dir(), layer.layer,
+                                 layer.prefix, to_string(layer.naming), why));
+}
+
+}  // namespace
+
+const char* to_string(ExpertNaming naming) {
+  switch (naming) {
+    case ExpertNaming::PerExpert: return "gate_proj/up_proj/down_proj";
+    case ExpertNaming::Mixtral: return "w1/w3/w2";
+    case ExpertNaming::Fused: return "fused gate_up_proj/down_proj";
+  }
+  return "?";
+}
+
+std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint) {
+  std::map<std::string, MoeLayerTensors> by_prefix;
+  std::map<std::string, std::set<int>> experts;
+  for (const std::string& name : checkpoint.names()) {
+    const size_t at = name.find(".experts.");
+    if (at == std::string::npos) continue;
+    const std::string prefix = name.substr(0, at);
+    const std::string_view rest = std::string_view(name).substr(at + 9);  // after ".experts."
+    const bool mixtral = prefix.ends_with(".block_sparse_moe"), mlp = prefix.ends_with(".mlp");
+    const int index = layer_index(prefix);
+    if ((!mixtral && !mlp) || index < 0) continue;
+    ExpertNaming naming;
+    int expert = -1;
+    if (rest == "gate_up_proj" || rest == "down_proj" || rest == "up_proj") {
+      naming = ExpertNaming::Fused;
+    } else {
+      const size_t dot = rest.find('.');
+      const std::string_view number = rest.substr(0, dot), projection = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
+      if (!all_digits(number)) continue;
+      const bool per_expert = projection == "gate_proj.weight" || projection == "up_proj.weight" || projection == "down_proj.weight";
+      const bool w123 = projection == "w1.weight" || projection == "w2.weight" || projection == "w3.weight";
+      if (!(mixtral ? w123 : per_expert)) continue;
+      naming = mixtral ? ExpertNaming::Mixtral : ExpertNaming::PerExpert;
+      expert = std::stoi(std::string(number));
+    }
+    auto [it, inserted] = by_prefix.try_emplace(prefix, MoeLayerTensors{index, prefix, naming, {}});
+    if (!inserted && it->second.naming != naming)
+      throw InvalidInput(fmt::format("checkpoint '{}': layer {} ({}) has expert tensors under two namings ({} and {})",
+                                     checkpoint.dir(), index, prefix, to_string(it->second.naming), to_string(naming)));
+    if (expert >= 0) experts[prefix].insert(expert);
+  }
+  std::vector<MoeLayerTensors> layers;
+  for (auto& [prefix, layer] : by_prefix) {
+    layer.experts.assign(experts[prefix].begin(), experts[prefix].end());
+    layers.push_back(std::move(layer));
+  }
+  std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  return layers;
+}
+
+std::string weight_name(const MoeLayerTensors& layer, const std::string& projection, int e) {
+  if (layer.naming == ExpertNaming::Fused) return fmt::format("{}.experts.{}_proj", layer.prefix, projection);
+  if (layer.naming == ExpertNaming::Mixtral) {
+    const char* w = projection == "gate" ? "w1" : projection == "up" ? "w3" : "w2";
+    return fmt::format("{}.experts.{}.{}.weight", layer.prefix, e, w);
+  }
+  return fmt::format("{}.experts.{}.{}_proj.weight", layer.prefix, e, projection);
+}
+
+std::string scale_name(const MoeLayerTensors&, const std::string& weight) { return weight + "_scale_inv"; }
+
+std::string correction_bias_name(const MoeLayerTensors& layer) { return layer.prefix + ".gate.e_score_correction_bias"; }
+
+std::vector<ExpectedTensor> expected_tensors(const MoeConfig& c, const MoeLayerTensors& layer, int first, int count) {
+  const std::string wdt = weight_dtype(c);
+  const int64_t E = c.experts, H = c.hidden, I = c.moe_intermediate;
+  const int halves = c.gated ? 2 : 1;
+  const bool block = c.quant == Quant::Fp8Block, tensor = c.quant == Quant::Fp8Tensor;
+  std::vector<ExpectedTensor> out;
+  auto add = [&](std::string name, std::vector<std::string> dtypes, std::vector<std::vector<int64_t>> shapes,
+                 std::string meaning) { out.push_back({std::move(name), std::move(dtypes), std::move(shapes), std::move(meaning)}); };
+  // A weight and, for fp8, its scales (blocks of 128 x 128, or one per matrix: a scalar or [1]).
+  auto weight = [&](const std::string& name, std::vector<int64_t> shape, const std::string& meaning) {
+    add(name, {wdt}, {shape}, meaning);
+    if (block) {
+      std::vector<int64_t> blocks = shape;
+      for (size_t d = blocks.size() - 2; d < blocks.size(); ++d) blocks[d] = (blocks[d] + kBlock - 1) / kBlock;
+      add(scale_name(layer, name), {"F32"}, {blocks}, meaning + "'s fp8 block scales");
+    } else if (tensor) {
+      const bool stacked = layer.naming == ExpertNaming::Fused;
+      add(scale_name(layer, name), {"F32"}, stacked ? std::vector<std::vector<int64_t>>{{E}} : std::vector<std::vector<int64_t>>{{}, {1}},
+          meaning + "'s per-tensor fp8 scale");
+    }
+  };
+  if (layer.naming == ExpertNaming::Fused) {
+    weight(weight_name(layer, c.gated ? "gate_up" : "up"), {E, halves * I, H}, "the experts' gate and up rows");
+    weight(weight_name(layer, "down"), {E, H, I}, "the experts' down projections");
+  } else {
+    for (int e = first; e < first + count; ++e) {
+      if (c.gated) weight(weight_name(layer, "gate", e), {I, H}, fmt::format("expert {}'s gate projection", e));
+      weight(weight_name(layer, "up", e), {I, H}, fmt::format("expert {}'s up projection", e));
+      weight(weight_name(layer, "down", e), {H, I}, fmt::format("expert {}'s down projection", e));
+    }
+  }
+  if (c.topk_method == TopkMethod::NoauxTc)
+    add(correction_bias_name(layer), {"F32", "BF16", "F16"}, {{E}}, "the routing correction bias (topk_method noaux_tc)");
+  return out;
+}
+
+std::string tensor_problem(const Checkpoint& checkpoint, const ExpectedTensor& x) {
+  const FoundTensor t = checkpoint.find(x.name);
+  if (!t.info) return "missing";
+  const bool dtype_ok = std::find(x.dtypes.begin(), x.dtypes.end(), t.info->dtype) != x.dtypes.end();
+  const bool shape_ok = std::find(x.shapes.begin(), x.shapes.end(), t.info->shape) != x.shapes.end();
+  if (dtype_ok && shape_ok) return {};
+  std::vector<std::string> shapes;
+  for (const auto& s : x.shapes) shapes.push_back(shape_text(s));
+  return fmt::format("is {} {} in '{}'; {} must be {} {}", shape_text(t.info->shape), t.info->dtype, t.file->path(), x.meaning,
+                     fmt::join(shapes, " or "), fmt::join(x.dtypes, " or "));
+}
+
+ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, const MoeLayerTensors& layer) {
+  auto fail = [&](std::string_view why) { layer_error(checkpoint, layer, why); };
+  if (c.quant == Quant::W8A8Int8)
+    fail("quant w8a8_int8: moejit reads no smoothquant checkpoint format; pass w13, w2, their scales and the "
+         "smoothing vectors to the layer directly");
+  if (c.weight_layout != WeightLayout::NK)
+    fail("weight_layout kn: checkpoints hold [out, in] (nk) matrices; load with weight_layout nk");
+  if (layer.naming == ExpertNaming::Mixtral && !c.gated) fail("w1/w3/w2 experts are gated; the config says gated false");
+  const std::string wdt = weight_dtype(c);
+  const int64_t E = c.experts, e_loc_count = c.local_experts(), first = c.first_local_expert();
+  const int64_t H = c.hidden, I = c.moe_intermediate, I_loc = c.local_intermediate(), i0 = c.tp_rank * I_loc;
+  const int halves = c.gated ? 2 : 1;
+  const size_t es = static_cast<size_t>(dtype_size(wdt));
+  const bool block = c.quant == Quant::Fp8Block, tensor = c.quant == Quant::Fp8Tensor;
+  const bool fused = layer.naming == ExpertNaming::Fused;
+  // A block of 128 rows of the packed w13 must hold gate rows or up rows, not both, and a rank's
+  // slice of I must start on a block: the checkpoint's scales then carry over unchanged.
+  if (block && (I_loc % kBlock != 0 || (fused && c.gated && I % kBlock != 0)))
+    fail(fmt::format("fp8_block needs the intermediate size of a rank (moe_intermediate / tp_size = {}) to be a "
+                     "multiple of {}: the packed w13's 128-row scale blocks would mix gate and up rows or split "
+                     "the checkpoint's blocks",
+                     I_loc, kBlock));
+  for (const ExpectedTensor& x : expected_tensors(c, layer, static_cast<int>(first), static_cast<int>(e_loc_count))) {
+    const std::string problem = tensor_problem(checkpoint, x);
+    if (!problem.empty())
+      fail(fmt::format("tensor '{}' {} (experts {}, hidden {}, moe_intermediate {}, dtype {}, quant {})", x.name, problem,
+                       E, H, I, to_string(c.dtype), to_string(c.quant)));
+  }
+  // Every tensor below was checked above.
+  auto data = [&](const std::string& name) {
+    const FoundTensor t = checkpoint.find(name);
+    return t.file->data(*t.info);
+  };
+
+  ExpertWeights out;
+  out.w13 = {wdt, {e_loc_count, halves * I_loc, H}, {}};
+  out.w2 = {wdt, {e_loc_count, H, I_loc}, {}};
+  out.w13.bytes.resize(static_cast<size_t>(e_loc_count * halves * I_loc * H) * es);
+  out.w2.bytes.resize(static_cast<size_t>(e_loc_count * H * I_loc) * es);
+  const int64_t h_blocks = (H + kBlock - 1) / kBlock, i_blocks = (I + kBlock - 1) / kBlock;
+  const int64_t i_loc_blocks = (I_loc + kBlock - 1) / kBlock, w13_blocks = (halves * I_loc + kBlock - 1) / kBlock;
+  const int64_t fused_row_blocks = (halves * I + kBlock - 1) / kBlock;
+  std::vector<float> w13_scale, w2_scale;
+  if (block) {
+    w13_scale.resize(static_cast<size_t>(e_loc_count * w13_blocks * h_blocks));
+    w2_scale.resize(static_cast<size_t>(e_loc_count * h_blocks * i_loc_blocks));
+  } else if (tensor) {
+    w13_scale.resize(static_cast<size_t>(e_loc_count));
+    w2_scale.resize(static_cast<size_t>(e_loc_count));
+  }
+  const std::vector<std::string> projections = c.gated ? std::vector<std::string>{"gate", "up"} : std::vector<std::string>{"up"};
+  // Copies `rows` rows of `row_bytes` (from byte `column` of each `pitch`-byte source row) to dst.
+  auto copy_rows = [](void* dst, const unsigned char* src, int64_t rows, size_t row_bytes, size_t pitch, size_t column) {
+    for (int64_t row = 0; row < rows; ++row)
+      std::memcpy(static_cast<unsigned char*>(dst) + row * row_bytes, src + row * pitch + column, row_bytes);
+  };
+  auto float_at = [](const unsigned char* p, int64_t i) {
+    float f;
+    std::memcpy(&f, p + i * 4, 4);
+    return f;
+  };
+
+  for (int64_t el = 0; el < e_loc_count; ++el) {
+    const int e = static_cast<int>(first + el);
+    unsigned char* w13 = out.w13.bytes.data() + static_cast<size_t>(el * halves * I_loc * H) * es;
+    unsigned char* w2 = out.w2.bytes.data() + static_cast<size_t>(el * H * I_loc) * es;
+    float* w13_blocks_of = block ? &w13_scale[static_cast<size_t>(el * w13_blocks * h_blocks)] : nullptr;
+    float* w2_blocks_of = block ? &w2_scale[static_cast<size_t>(el * h_blocks * i_loc_blocks)] : nullptr;
+    if (fused) {
+      const std::string gate_up = weight_name(layer, c.gated ? "gate_up" : "up"), down = weight_name(layer, "down");
+      const unsigned char* g = data(gate_up);
+      for (int h = 0; h < halves; ++h)
+        std::memcpy(w13 + static_cast<size_t>(h * I_loc * H) * es, g + static_cast<size_t>(((e * halves + h) * I + i0) * H) * es,
+                    static_cast<size_t>(I_loc * H) * es);
+      copy_rows(w2, data(down) + static_cast<size_t>(e * H * I) * es, H, I_loc * es, I * es, i0 * es);
+      if (block) {
+        const unsigned char* gs = data(scale_name(layer, gate_up));
+        for (int h = 0; h < halves; ++h)
+          std::memcpy(w13_blocks_of + h * I_loc / kBlock * h_blocks,
+                      gs + ((e * fused_row_blocks + (h * I + i0) / kBlock) * h_blocks) * 4,
+                      static_cast<size_t>(I_loc / kBlock * h_blocks) * 4);
+        copy_rows(w2_blocks_of, data(scale_name(layer, down)) + e * h_blocks * i_blocks * 4, h_blocks, i_loc_blocks * 4,
+                  i_blocks * 4, i0 / kBlock * 4);
+      } else if (tensor) {
+        w13_scale[el] = float_at(data(scale_name(layer, gate_up)), e);
+        w2_scale[el] = float_at(data(scale_name(layer, down)), e);
+      }
+      continue;
+    }
+    for (int h = 0; h < halves; ++h) {
+      const std::string name = weight_name(layer, projections[h], e);
+      std::memcpy(w13 + static_cast<size_t>(h * I_loc * H) * es, data(name) + static_cast<size_t>(i0 * H) * es,
+                  static_cast<size_t>(I_loc * H) * es);
+      if (block)
+        std::memcpy(w13_blocks_of + h * I_loc / kBlock * h_blocks, data(scale_name(layer, name)) + (i0 / kBlock) * h_blocks * 4,
+                    static_cast<size_t>(I_loc / kBlock * h_blocks) * 4);
+    }
+    const std::string down = weight_name(layer, "down", e);
+    copy_rows(w2, data(down), H, I_loc * es, I * es, i0 * es);
+    if (block) {
+      copy_rows(w2_blocks_of, data(scale_name(layer, down)), h_blocks, i_loc_blocks * 4, i_blocks * 4, i0 / kBlock * 4);
+    } else if (tensor) {
+      // The packed w13 has one scale: gate and up must share theirs (requantizing would change the math).
+      const float gate_scale = float_at(data(scale_name(layer, weight_name(layer, projections.front(), e))), 0);
+      const float up_scale = float_at(data(scale_name(layer, weight_name(layer, "up", e))), 0);
+      if (gate_scale != up_scale)
+        fail(fmt::format("expert {}'s gate and up per-tensor fp8 scales differ ({} and {}); fp8_tensor packs them into one "
+                         "w13 with one scale",
+                         e, gate_scale, up_scale));
+      w13_scale[el] = gate_scale;
+      w2_scale[el] = float_at(data(scale_name(layer, down)), 0);
+    }
+  }
+  auto floats = [](const std::vector<float>& v, std::vector<int64_t> shape) {
+    HostTensor t{"F32", std::move(shape), std::vector<unsigned char>(v.size() * 4)};
+    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    return t;
+  };
+  if (block) {
+    out.w13_scale = floats(w13_scale, {e_loc_count, w13_blocks, h_blocks});
+    out.w2_scale = floats(w2_scale, {e_loc_count, h_blocks, i_loc_blocks});
+  } else if (tensor) {
+    out.w13_scale = floats(w13_scale, {e_loc_count});
+    out.w2_scale = floats(w2_scale, {e_loc_count});
+  }
+  if (c.topk_method == TopkMethod::NoauxTc) {
+    const FoundTensor b = checkpoint.find(correction_bias_name(layer));
+    std::vector<float> bias(static_cast<size_t>(E));
+    for (int64_t i = 0; i < E; ++i)
+      bias[i] = to_float(b.file->data(*b.info) + i * dtype_size(b.info->dtype), b.info->dtype);
+    out.correction_bias = floats(bias, {E});
+  }
+  return out;
+}
+
+}  // namespace moejit::checkpoint

@@ -1,0 +1,81 @@
+// The MoE layers of a checkpoint and their expert tensors, under the names the model families
+// use, and the packing of one layer's experts into what a moejit layer call takes for one rank
+// (SPEC.md "Inputs of one layer call", "Quantized experts"):
+//   - Qwen2/3-MoE, DeepSeek-V2/V3, Kimi-K2, GLM-4.5: `<layer>.mlp.experts.<e>.{gate,up,down}_proj.weight`
+//   - Mixtral: `<layer>.block_sparse_moe.experts.<e>.{w1,w3,w2}.weight` (gate, up, down)
+//   - transformers 5.x fused: `<layer>.mlp.experts.gate_up_proj` [E, 2I, H], `.down_proj` [E, H, I]
+// fp8 scales sit beside each weight as `<weight>_scale_inv` (HF's name; they multiply), DeepSeek's
+// correction bias at `<layer>.mlp.gate.e_score_correction_bias`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "compiler/moe_config.h"
+
+namespace moejit::checkpoint {
+
+enum class ExpertNaming { PerExpert, Mixtral, Fused };
+const char* to_string(ExpertNaming naming);
+
+// One MoE layer found in a checkpoint.
+struct MoeLayerTensors {
+  int layer = 0;
+  std::string prefix;  // "model.layers.3.mlp": the names below start with it
+  ExpertNaming naming = ExpertNaming::PerExpert;
+  std::vector<int> experts;  // the expert indices that have a tensor (PerExpert, Mixtral), sorted
+};
+
+// Every layer with expert tensors, by layer index. Names that look like expert tensors but fit no
+// family are not layers (inspect lists what a layer lacks instead).
+std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint);
+
+// The weight names of expert e's projection ("gate", "up", "down") in a per-expert layer, or of
+// the layer's fused tensor ("gate_up", "down"; e ignored).
+std::string weight_name(const MoeLayerTensors& layer, const std::string& projection, int e = 0);
+// The fp8 scale beside a weight name.
+std::string scale_name(const MoeLayerTensors& layer, const std::string& weight);
+// The routing correction bias of the layer (noaux_tc).
+std::string correction_bias_name(const MoeLayerTensors& layer);
+
+// A tensor a layer needs from the checkpoint, with the dtypes and shapes it may have.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<std::string> dtypes;
+  std::vector<std::vector<int64_t>> shapes;  // usually one; a per-tensor fp8 scale may be [] or [1]
+  std::string meaning;                       // "expert 3's gate projection"
+};
+
+// Every tensor the config needs for experts [first, first + count) of the layer (and the layer's
+// own: the correction bias for noaux_tc), in the checkpoint's full shapes.
+std::vector<ExpectedTensor> expected_tensors(const MoeConfig& config, const MoeLayerTensors& layer, int first, int count);
+
+// Why the checkpoint's tensor does not meet `expected` ("missing", "is [2, 3] F32; ..."), or empty.
+std::string tensor_problem(const Checkpoint& checkpoint, const ExpectedTensor& expected);
+
+// A host buffer with a safetensors dtype and a shape.
+struct HostTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> bytes;
+};
+
+// What one layer call takes for the config's rank: w13 [E_loc, 2I_loc (I_loc non-gated), H] (gate
+// rows, then up rows), w2 [E_loc, H, I_loc], the local experts from ep_rank * E_loc and the
+// intermediate columns from tp_rank * I_loc; fp8 scales in the layer's shapes; the correction bias
+// [E] as fp32 for noaux_tc.
+struct ExpertWeights {
+  HostTensor w13, w2;
+  std::optional<HostTensor> w13_scale, w2_scale, correction_bias;
+};
+
+// Reads and packs one layer. Throws InvalidInput naming the tensor (and its file) that is missing,
+// has the wrong dtype or shape, or cannot be represented in the layer's layout (fp8 scale blocks
+// that a rank's slice of I would split; per-tensor fp8 with different gate and up scales).
+// The buffers hold the rank's whole share of the layer: E_loc * 3 * H * I_loc weights.
+ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& config, const MoeLayerTensors& layer);
+
+}  // namespace moejit::checkpoint
