@@ -30,11 +30,12 @@ from . import _ops
 _ops.load_library()
 
 from . import dynamo, hf  # noqa: E402
+from .checkpoint import load_experts  # noqa: E402
 from .config import MoeConfig, activation_from_hf, check_hf_experts  # noqa: E402
 from .layer import MoELayer  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["MoeConfig", "MoELayer", "compile", "patch", "register_hf", "set_log_level", "library_path",
+__all__ = ["MoeConfig", "MoELayer", "load_experts", "compile", "patch", "register_hf", "set_log_level", "library_path",
            "__version__"]
 
 log = logging.getLogger("moejit")

@@ -137,3 +137,34 @@ def test_fp8_block_checkpoint_packs_weights_and_scales(tmp_path, moejit_cli):
     report = run_cli(moejit_cli, "inspect", "--model", tmp_path / "model", "--layer", 0, "--dump-experts", out,
                      "--tp-size", 4, "--tp-rank", 1, check=False)
     assert report.returncode == 2 and "multiple of 128" in report.stderr
+
+
+def test_load_experts_from_python(tmp_path):
+    """moejit.load_experts: the same packing as the CLI's dump, as torch tensors, for a rank."""
+    from conftest import moejit
+
+    model = build_model("deepseek_v3", dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    (layer, experts), = experts_of(model).items()
+    E, two_i, H = experts.gate_up_proj.shape
+    I = two_i // 2
+    got = moejit.load_experts(tmp_path, layer, ep_size=2, ep_rank=1, tp_size=2, tp_rank=0)
+    assert sorted(got) == ["e_score_correction_bias", "w13", "w2"]
+    gate_up = experts.gate_up_proj.detach()
+    e0, i1 = E // 2, I // 2
+    assert torch.equal(got["w13"], torch.cat([gate_up[e0:, :i1], gate_up[e0:, I:I + i1]], dim=1))
+    assert torch.equal(got["w2"], experts.down_proj.detach()[e0:, :, :i1])
+    assert got["e_score_correction_bias"].dtype == torch.float32
+    # The layer takes them as they come: the CPU op runs on the loaded tensors.
+    cfg = moejit.MoeConfig(experts=E, topk=2, num_expert_group=2, topk_group=1, scoring="sigmoid",
+                           topk_method="noaux_tc", renormalize=True, routed_scaling_factor=2.5, hidden=H,
+                           moe_intermediate=I, dtype=torch.bfloat16, ep_size=2, ep_rank=1, tp_size=2, tp_rank=0)
+    hidden = torch.randn(3, H, dtype=torch.bfloat16)
+    logits = torch.randn(3, E, dtype=torch.bfloat16)
+    out = torch.ops.moejit.moe_layer(hidden, logits, got["w13"], got["w2"], got["e_score_correction_bias"], None,
+                                     None, None, None, None, cfg.to_json())
+    assert out.shape == (3, H) and torch.isfinite(out.float()).all()
+    with pytest.raises(ValueError, match="layer 5 has no expert tensors"):
+        moejit.load_experts(tmp_path, 5)
+    with pytest.raises(ValueError, match="multiple of|tp_size"):
+        moejit.load_experts(tmp_path, layer, tp_size=3)

@@ -1,0 +1,71 @@
+// moejit::load_experts(model_dir, layer, overrides) -> Dict(str, Tensor): one MoE layer of a
+// safetensors checkpoint packed as the layer call takes it (checkpoint/expert_tensors.h), for the
+// rank the overrides name, as CPU tensors: "w13", "w2", and per config "w13_scale", "w2_scale",
+// "e_score_correction_bias". The config is the folder's config.json with `overrides` (a JSON object
+// of config field -> value, e.g. {"ep_size": "8", "ep_rank": "3"}) applied, as the CLI's flags.
+// Errors are ValueError naming the file and the tensor.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/expert_tensors.h"
+#include "common/error.h"
+#include "compiler/hf_config.h"
+
+namespace moejit::torch_ops {
+namespace {
+
+at::ScalarType scalar_type_of(const std::string& dtype) {
+  if (dtype == "BF16") return at::kBFloat16;
+  if (dtype == "F16") return at::kHalf;
+  if (dtype == "F32") return at::kFloat;
+  if (dtype == "F8_E4M3") return at::kFloat8_e4m3fn;
+  TORCH_CHECK(false, "moejit: no torch dtype for ", dtype);
+}
+
+// The buffer becomes the tensor's storage (no copy): the tensor owns it from here.
+at::Tensor to_tensor(checkpoint::HostTensor&& t) {
+  auto* owned = new std::vector<unsigned char>(std::move(t.bytes));
+  return at::from_blob(
+      owned->data(), t.shape, [owned](void*) { delete owned; }, at::TensorOptions().dtype(scalar_type_of(t.dtype)));
+}
+
+c10::Dict<std::string, at::Tensor> load_experts(const std::string& model_dir, int64_t layer_index,
+                                                 const std::string& overrides_json) {
+  try {
+    FieldOverrides overrides;
+    const nlohmann::json o = nlohmann::json::parse(overrides_json.empty() ? "{}" : overrides_json);
+    TORCH_CHECK_VALUE(o.is_object(), "moejit: load_experts overrides must be a JSON object");
+    for (const auto& [field, value] : o.items())
+      overrides[field] = value.is_string() ? value.get<std::string>() : value.dump();
+    MoeConfig config = load_config_file(model_dir, overrides);
+    validate(config);
+    const checkpoint::Checkpoint ckpt = checkpoint::Checkpoint::open(model_dir);
+    for (const auto& layer : checkpoint::find_moe_layers(ckpt)) {
+      if (layer.layer != layer_index) continue;
+      checkpoint::ExpertWeights w = checkpoint::load_experts(ckpt, config, layer);
+      c10::Dict<std::string, at::Tensor> out;
+      out.insert("w13", to_tensor(std::move(w.w13)));
+      out.insert("w2", to_tensor(std::move(w.w2)));
+      if (w.w13_scale) out.insert("w13_scale", to_tensor(std::move(*w.w13_scale)));
+      if (w.w2_scale) out.insert("w2_scale", to_tensor(std::move(*w.w2_scale)));
+      if (w.correction_bias) out.insert("e_score_correction_bias", to_tensor(std::move(*w.correction_bias)));
+      return out;
+    }
+    throw InvalidInput(fmt::format("checkpoint '{}': layer {} has no expert tensors", model_dir, layer_index));
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK_VALUE(false, "moejit: load_experts overrides are not valid JSON: ", e.what());
+  } catch (const InvalidInput& e) {
+    TORCH_CHECK_VALUE(false, "moejit: ", e.what());
+  }
+}
+
+}  // namespace
+}  // namespace moejit::torch_ops
+
+TORCH_LIBRARY_FRAGMENT(moejit, m) {
+  m.def("load_experts(str model_dir, int layer, str overrides) -> Dict(str, Tensor)", &moejit::torch_ops::load_experts);
+}

@@ -1,0 +1,30 @@
+"""Expert weights from a Hugging Face safetensors checkpoint, packed as moejit's layer takes them.
+
+``load_experts(model_dir, layer, ep_size=8, ep_rank=3)`` reads one MoE layer of the folder's
+checkpoint (its index, one file or shards; the names of Qwen/DeepSeek, Mixtral and transformers 5.x
+fused experts) for one rank: w13 [E_loc, 2I_loc, H] (gate rows, then up rows), w2 [E_loc, H, I_loc],
+and per config the fp8 scales and the routing correction bias (fp32). The config is the folder's
+config.json with the keyword arguments (moejit config fields) applied. The C++ reader checks every
+file as untrusted input; a missing or malformed tensor raises ValueError naming it and its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Union
+
+import torch
+
+from . import _ops  # noqa: F401  (registers the op library)
+
+
+def load_experts(model_dir: Union[str, os.PathLike], layer: int, *, device: Optional[torch.device] = None,
+                 **config_fields) -> dict:
+    """The packed expert tensors of MoE layer ``layer`` (its index in the model), as a dict with "w13",
+    "w2" and, where the config has them, "w13_scale", "w2_scale", "e_score_correction_bias"; on
+    ``device`` (default: CPU, where the reader puts them)."""
+    overrides = json.dumps({name: str(value).lower() if isinstance(value, bool) else str(value)
+                            for name, value in config_fields.items()})
+    tensors = dict(torch.ops.moejit.load_experts(os.fspath(model_dir), int(layer), overrides))
+    return {name: t.to(device) for name, t in tensors.items()} if device is not None else tensors
