@@ -97,7 +97,8 @@ std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, co
   at::Tensor logits = router_logits.to(at::kFloat).contiguous();
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options());
   at::Tensor ids = at::empty({tokens, c.topk}, logits.options().dtype(at::kInt));
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
+  const float* b = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
   // The one CPU routing (common/cpu_routing.h) in fp32, as the GPU kernel computes it.
   cpu_route_tokens<float>(routing_rule(c), tokens, logits.data_ptr<float>(), b, weights.data_ptr<float>(),
                           ids.data_ptr<int>());
@@ -112,14 +113,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   const MoeConfig& c = parse_config(config);
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
   const int64_t tokens = hidden.size(0), K = c.topk, H = c.hidden, I = c.local_intermediate();
-  TORCH_CHECK_VALUE(topk_ids.is_contiguous() && topk_weights.is_contiguous(),
-                    "moejit: topk_ids and topk_weights must be contiguous (call .contiguous())");
-  TORCH_CHECK_VALUE(topk_ids.sizes() == at::IntArrayRef({tokens, K}) && topk_ids.scalar_type() == at::kInt,
-                    "moejit: topk_ids must be int32 [", tokens, ", ", K, "], got ", topk_ids.scalar_type(), " ",
-                    topk_ids.sizes());
-  TORCH_CHECK_VALUE(topk_weights.sizes() == at::IntArrayRef({tokens, K}) && topk_weights.scalar_type() == at::kFloat,
-                    "moejit: topk_weights must be float32 [", tokens, ", ", K, "], got ", topk_weights.scalar_type(),
-                    " ", topk_weights.sizes());
+  const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
   const at::ScalarType dtype = scalar_type(c.dtype);
   const bool w8a8 = c.quant == Quant::W8A8Int8, fp8 = is_fp8(c.quant);
   at::Tensor x = hidden.to(at::kFloat);
@@ -127,7 +121,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   // the GPU's stage 3 does).
   at::Tensor x_q, x_scale;
   if (fp8) std::tie(x_q, x_scale) = quantize_fp8(c, x);
-  at::Tensor flat_ids = topk_ids.reshape({-1}).to(at::kLong);
+  at::Tensor flat_ids = ids.reshape({-1}).to(at::kLong);
   // Y of every (token, slot) pair, zero for pairs another rank computes.
   at::Tensor y = at::zeros({tokens * K, H}, x.options());
   const int64_t first = c.first_local_expert();
@@ -162,7 +156,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   }
   // Weighted sum over slots in order j = 0..K-1, in fp32, rounded once.
   at::Tensor yk = y.view({tokens, K, H});
-  at::Tensor w = topk_weights.to(at::kFloat);
+  const at::Tensor& w = weights;
   at::Tensor out = at::zeros({tokens, H}, x.options());
   for (int64_t j = 0; j < K; ++j) out += w.select(1, j).unsqueeze(1) * yk.select(1, j);
   if (residual.has_value()) out += residual->to(at::kFloat);

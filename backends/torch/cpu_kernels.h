@@ -22,6 +22,11 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
                           const std::optional<at::Tensor>& residual);
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias);
+// The callers' routing tensors in the dtypes the layer takes (checked, then converted on their
+// device): the correction bias fp32, topk_ids int32 [tokens, K], topk_weights fp32 [tokens, K].
+std::optional<at::Tensor> layer_correction_bias(const std::optional<at::Tensor>& bias);
+at::Tensor layer_topk_ids(const MoeConfig& c, const at::Tensor& ids, int64_t tokens);
+at::Tensor layer_topk_weights(const MoeConfig& c, const at::Tensor& weights, int64_t tokens);
 
 at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logits, const at::Tensor& w13,
                          const at::Tensor& w2, const std::optional<at::Tensor>& bias,

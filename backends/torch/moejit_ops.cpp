@@ -8,8 +8,11 @@
 //   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
 //                   act_smooth?, residual?, config) -> out               stages 2-6
+//   (topk_ids int32 or int64, topk_weights and the correction bias fp32, bf16 or fp16: converted on
+//   the device, asynchronously)
 //   moejit::compile(config, device) -> str                                build + load at model load
 //   moejit::hf_activations() -> str                                       HF hidden_act -> activation (JSON)
+//   moejit::load_experts(model_dir, layer, overrides) -> {name: tensor}   checkpoint_ops.cpp
 //
 // `config` is a layer configuration in moejit's JSON format (moejit.MoeConfig.to_json() in Python).
 #include <ATen/cuda/CUDAContext.h>
@@ -174,8 +177,40 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK_VALUE(logits.dim() == 2, "moejit: router_logits must be [tokens, ", c.experts, "], got ", logits.sizes());
   expect(logits, "router_logits", scalar_type(c.router_dtype), {logits.size(0), c.experts});
-  expect_optional(bias, "e_score_correction_bias", at::kFloat, {c.experts}, c.topk_method == TopkMethod::NoauxTc,
-                  "for topk_method noaux_tc");
+  const bool floating = !bias.has_value() || bias->scalar_type() == at::kFloat ||
+                        bias->scalar_type() == at::kBFloat16 || bias->scalar_type() == at::kHalf;
+  TORCH_CHECK_VALUE(floating, "moejit: e_score_correction_bias must be float32, bfloat16 or float16, got ",
+                    bias->scalar_type());
+  expect_optional(bias, "e_score_correction_bias", bias.has_value() ? bias->scalar_type() : at::kFloat, {c.experts},
+                  c.topk_method == TopkMethod::NoauxTc, "for topk_method noaux_tc");
+  TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == logits.device(), "moejit: e_score_correction_bias is on ",
+                    bias.has_value() ? bias->device() : logits.device(), "; it must be on ", logits.device(),
+                    " (router_logits' device)");
+}
+
+// What callers have, in the dtypes the layer takes. Each conversion is an ATen kernel on the
+// tensor's device and the current stream: asynchronous, no host sync, capturable in a CUDA graph.
+std::optional<at::Tensor> layer_correction_bias(const std::optional<at::Tensor>& bias) {
+  if (!bias.has_value() || bias->scalar_type() == at::kFloat) return bias;
+  return bias->to(at::kFloat);
+}
+
+at::Tensor layer_topk_ids(const MoeConfig& c, const at::Tensor& ids, int64_t tokens) {
+  TORCH_CHECK_VALUE(ids.scalar_type() == at::kInt || ids.scalar_type() == at::kLong,
+                    "moejit: topk_ids must be int32 or int64 (torch.topk's), got ", ids.scalar_type());
+  expect(ids, "topk_ids", ids.scalar_type(), {tokens, c.topk});
+  if (ids.scalar_type() == at::kInt) return ids;
+  // An id outside [0, E) selects no expert of any rank (SPEC.md, expert parallel) as int32 or int64;
+  // clamping to [-1, E] before narrowing keeps a huge one from wrapping onto a valid id.
+  return ids.clamp(-1, c.experts).to(at::kInt);
+}
+
+at::Tensor layer_topk_weights(const MoeConfig& c, const at::Tensor& weights, int64_t tokens) {
+  const at::ScalarType t = weights.scalar_type();
+  TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
+                    "moejit: topk_weights must be float32, bfloat16 or float16, got ", t);
+  expect(weights, "topk_weights", t, {tokens, c.topk});
+  return t == at::kFloat ? weights : weights.to(at::kFloat);
 }
 
 const MoeConfig& parse_config(const std::string& config_json) { return entry_for(config_json).config; }
@@ -237,7 +272,8 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
   LayerInputs in = expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
   in.router_logits = logits.data_ptr();
-  in.e_score_correction_bias = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
+  in.e_score_correction_bias = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   run_layer([&] { layer.forward(stream, tokens, in, out.data_ptr(), workspace.data_ptr(), workspace.numel()); });
   return out;
@@ -254,8 +290,9 @@ std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const st
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options().dtype(at::kFloat));
   at::Tensor ids = at::empty({tokens, c.topk}, logits.options().dtype(at::kInt));
   void* stream = at::cuda::getCurrentCUDAStream().stream();
+  const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
   run_layer([&] {
-    layer.route(stream, tokens, logits.data_ptr(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
+    layer.route(stream, tokens, logits.data_ptr(), bias32.has_value() ? bias32->data_ptr<float>() : nullptr,
                 weights.data_ptr<float>(), ids.data_ptr<int>());
   });
   return {weights, ids};
@@ -270,16 +307,17 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
   const MoeConfig& c = entry.config;
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
   const int64_t tokens = hidden.size(0);
-  expect(topk_ids, "topk_ids", at::kInt, {tokens, c.topk});
-  expect(topk_weights, "topk_weights", at::kFloat, {tokens, c.topk});
   c10::cuda::CUDAGuard guard(hidden.device());
+  const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
+  TORCH_CHECK_VALUE(ids.device() == hidden.device() && weights.device() == hidden.device(),
+                    "moejit: topk_ids and topk_weights must be on ", hidden.device(), " (hidden's device)");
   const Layer& layer = layer_for(entry, hidden.device());
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
   LayerInputs in = expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   run_layer([&] {
-    layer.experts(stream, tokens, topk_ids.data_ptr<int>(), topk_weights.data_ptr<float>(), in, out.data_ptr(),
+    layer.experts(stream, tokens, ids.data_ptr<int>(), weights.data_ptr<float>(), in, out.data_ptr(),
                   workspace.data_ptr(), workspace.numel());
   });
   return out;

@@ -230,9 +230,43 @@ def test_wrong_dtype_names_the_tensor():
     cfg = small_config()
     t = random_inputs(cfg)
     weights, ids = torch.ops.moejit.route(t["logits"], None, cfg.to_json())
-    with pytest.raises(ValueError, match="topk_ids"):
-        torch.ops.moejit.experts(t["hidden"], ids.long(), weights, t["w13"], t["w2"], None, None, None, None, None,
+    with pytest.raises(ValueError, match="topk_ids must be int32 or int64"):
+        torch.ops.moejit.experts(t["hidden"], ids.short(), weights, t["w13"], t["w2"], None, None, None, None, None,
                                  cfg.to_json())
+    with pytest.raises(ValueError, match="topk_weights must be float32, bfloat16 or float16"):
+        torch.ops.moejit.experts(t["hidden"], ids, weights.double(), t["w13"], t["w2"], None, None, None, None, None,
+                                 cfg.to_json())
+    bias_cfg = small_config(scoring="sigmoid", topk_method="noaux_tc")
+    with pytest.raises(ValueError, match="e_score_correction_bias must be float32, bfloat16 or float16"):
+        torch.ops.moejit.route(t["logits"], t["bias"].double(), bias_cfg.to_json())
+
+
+def test_routing_tensors_as_callers_have_them(device):
+    """torch.topk's int64 ids, bf16 / fp16 top-k weights and correction bias (as vLLM and SGLang pass
+    them) give what int32 and fp32 give, converted on the device; int64 ids far outside [0, E) still
+    select nothing (they are not wrapped onto a valid id)."""
+    cfg = small_config(scoring="sigmoid", topk_method="noaux_tc", num_expert_group=4, topk_group=2)
+    t = random_inputs(cfg, tokens=7, device=device)
+    j = cfg.to_json()
+    weights, ids = torch.ops.moejit.route(t["logits"], t["bias"], j)
+    for bias in (t["bias"].bfloat16(), t["bias"].half()):
+        w2, i2 = torch.ops.moejit.route(t["logits"], bias, j)
+        w_ref, i_ref = torch.ops.moejit.route(t["logits"], bias.float(), j)
+        assert torch.equal(i2, i_ref) and torch.equal(w2, w_ref)
+    args = (t["w13"], t["w2"], None, None, None, None, None, j)
+    out = torch.ops.moejit.experts(t["hidden"], ids, weights, *args)
+    assert torch.equal(torch.ops.moejit.experts(t["hidden"], ids.long(), weights, *args), out)
+    for dtype in (torch.bfloat16, torch.float16):
+        low = weights.to(dtype)
+        assert torch.equal(torch.ops.moejit.experts(t["hidden"], ids, low, *args),
+                           torch.ops.moejit.experts(t["hidden"], ids, low.float(), *args))
+    far = ids.long()
+    far[::2, 0] = 2**32 + 1  # wrapped to int32 this would be expert 1
+    far[1::2, 0] = -(2**40)
+    dropped = ids.clone()
+    dropped[:, 0] = -1
+    assert torch.equal(torch.ops.moejit.experts(t["hidden"], far, weights, *args),
+                       torch.ops.moejit.experts(t["hidden"], dropped, weights, *args))
 
 
 def test_noaux_tc_needs_the_bias():
