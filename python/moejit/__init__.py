@@ -29,7 +29,7 @@ from . import _ops
 
 _ops.load_library()
 
-from . import dynamo, hf  # noqa: E402
+from . import dynamo, hf, hf_blocks  # noqa: E402
 from .checkpoint import load_experts  # noqa: E402
 from .config import MoeConfig, activation_from_hf, check_hf_experts  # noqa: E402
 from .layer import MoELayer  # noqa: E402
@@ -168,13 +168,15 @@ def compile(config: Union[MoeConfig, str, Iterable], device=None, progress: bool
     return results[0] if single else results
 
 
-def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True) -> torch.nn.Module:
-    """Makes a Hugging Face MoE model run its routed experts on moejit: registers the "moejit" experts
+def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True,
+          whole_blocks: bool = True) -> torch.nn.Module:
+    """Makes a Hugging Face MoE model run its MoE layers on moejit: registers the "moejit" experts
     implementation, checks every experts module (ValueError for biased, transposed, interleaved or
     ungated experts; NotImplementedError for an unsupported hidden_act) before changing anything, calls
-    model.set_experts_implementation("moejit") and, with precompile, compiles each distinct experts
-    config on its device (validates it on CPU). Routing and shared experts stay the model's own.
-    Returns the model."""
+    model.set_experts_implementation("moejit"), and with whole_blocks runs each MoE block whose math
+    moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen3-Next: hf_blocks) as one moejit call: routing,
+    experts and combine, the shared experts as its residual; the others keep their own routing. With
+    precompile it compiles each distinct config on its device (validates it on CPU). Returns the model."""
     hf.register()
     modules = hf.find_experts_modules(model)
     if not modules:
@@ -191,13 +193,17 @@ def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True
         cfg = hf.module_config_json(module, topk)
         by_device.setdefault(module.gate_up_proj.device, {}).setdefault(cfg, []).append(name)
     model.set_experts_implementation(hf.IMPLEMENTATION_NAME)
+    if whole_blocks:
+        for name, cfg in hf_blocks.patch_blocks(model).items():
+            device = model.get_submodule(name).experts.gate_up_proj.device
+            by_device.setdefault(device, {}).setdefault(cfg, []).append(name)
     if precompile:
         for device, configs in by_device.items():
             if device.type not in ("cuda", "cpu"):
                 log.info("moejit.patch: weights on %s; nothing compiled now", device)
                 continue
             for cfg, names in configs.items():
-                log.info("moejit.patch: %d experts module(s) with %s on %s", len(names), _describe(cfg), device)
+                log.info("moejit.patch: %d module(s) with %s on %s", len(names), _describe(cfg), device)
             compile(list(configs), device, progress=progress)
     return model
 

@@ -1,0 +1,114 @@
+"""Whole Hugging Face MoE blocks on one moejit call (hf_blocks): after moejit.patch the blocks of every
+family SPEC.md covers compute routing, experts, combine and the shared experts' residual in one
+torch.ops.moejit.moe_layer, equal to transformers' own forward; training falls back to the block's
+own forward."""
+
+import logging
+
+import pytest
+import torch
+
+from conftest import FAMILIES, TOLERANCE, build_model, moe_layer_count, rel_error
+
+
+def moejit_module():
+    from conftest import moejit
+
+    return moejit
+
+
+@pytest.fixture
+def raising_experts_implementation():
+    """An experts implementation that fails if called: a whole block never calls its experts module."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the experts module was called")
+
+    ALL_EXPERTS_FUNCTIONS["moejit_test_refuse"] = refuse
+    yield "moejit_test_refuse"
+    del ALL_EXPERTS_FUNCTIONS["moejit_test_refuse"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_blocks_match_transformers(family, dtype, device, tokens, caplog, raising_experts_implementation):
+    moejit = moejit_module()
+    model = build_model(family, dtype=dtype, device=device)
+    tokens = tokens.to(device)
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        ref = model(tokens).logits.float()
+        with caplog.at_level(logging.INFO, logger="moejit"):
+            moejit.patch(model)
+        blocks = [m for _, m in model.named_modules() if getattr(m, "_moejit_whole_block", None)]
+        assert len(blocks) == moe_layer_count(model)
+        assert sum("runs whole on moejit" in r.getMessage() for r in caplog.records) == len(blocks)
+        # Every block runs whole: the experts modules are not called at all.
+        model.set_experts_implementation(raising_experts_implementation)
+        out = model(tokens).logits.float()
+    # The logits pass the whole model after the MoE layers: bf16 rounding of the top-k weights
+    # (transformers rounds Qwen's to bf16, moejit keeps fp32) moves them within bf16's tolerance.
+    assert rel_error(out, ref) < TOLERANCE[dtype]
+
+
+def test_training_falls_back_to_the_blocks_own_forward(tokens, raising_experts_implementation):
+    moejit = moejit_module()
+    model = moejit.patch(build_model("deepseek_v3"))
+    model.set_experts_implementation(raising_experts_implementation)
+    model.train()
+    with pytest.raises(AssertionError, match="the experts module was called"):
+        model(tokens)
+    model.eval()
+    with torch.no_grad():
+        model(tokens)
+
+
+def test_router_logits_requested_fall_back(tokens, raising_experts_implementation):
+    moejit = moejit_module()
+    model = moejit.patch(build_model("mixtral"))
+    model.set_experts_implementation(raising_experts_implementation)
+    model.config.output_router_logits = True
+    with torch.no_grad(), pytest.raises(AssertionError, match="the experts module was called"):
+        model(tokens)
+
+
+def test_blocks_without_a_rule_are_logged_and_keep_their_routing(caplog):
+    moejit = moejit_module()
+    model = build_model("qwen3_moe")
+    block = dict(model.named_modules())["model.layers.0.mlp"]
+
+    class CustomMoeBlock(torch.nn.Module):  # a block of a family moejit has no whole-block rule for
+        def __init__(self, inner):
+            super().__init__()
+            self.gate, self.experts = inner.gate, inner.experts
+
+        def forward(self, x):
+            return x
+
+    custom = CustomMoeBlock(block)
+    config, why = moejit.hf_blocks.block_rule(custom)
+    assert config is None and "no whole-block rule for CustomMoeBlock" in why
+    model.model.layers[0].mlp = custom
+    with caplog.at_level(logging.INFO, logger="moejit"):
+        moejit.patch(model, precompile=False)
+    assert any("CustomMoeBlock) not taken whole" in r.getMessage() for r in caplog.records)
+    assert getattr(custom, "_moejit_whole_block", None) is None
+
+
+def test_patch_without_whole_blocks_keeps_hf_routing(tokens):
+    moejit = moejit_module()
+    model = moejit.patch(build_model("qwen3_moe"), whole_blocks=False)
+    assert not any(getattr(m, "_moejit_whole_block", None) for m in model.modules())
+
+
+@pytest.mark.parametrize("backend", ["moejit", "inductor"])
+def test_whole_blocks_under_torch_compile(backend, tokens):
+    """A patched block traces into one moe_layer node; compiled output equals eager."""
+    moejit = moejit_module()
+    model = moejit.patch(build_model("deepseek_v3"))
+    with torch.no_grad():
+        eager = model(tokens).logits
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        out = compiled(tokens).logits
+    assert rel_error(out, eager) < TOLERANCE[torch.float32]
