@@ -6,7 +6,9 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,49 @@ TEST(Safetensors, MalformedFilesAreRefusedNamingFileAndTensor) {
   expect_invalid([&] { SafetensorsFile::open(dir.path() + "/missing"); }, {"cannot open"});
   // Metadata of strings is fine.
   EXPECT_NO_THROW(SafetensorsFile::open(file(raw_file(R"({"__metadata__": {"format": "pt"}, )" + ok_entry + "}", 16))));
+}
+
+// Random damage to a valid file's header and length: every variant opens or is refused with
+// InvalidInput, and what opens reads only inside the file (the tensors' ranges were checked).
+TEST(Safetensors, DamagedHeadersNeverCrash) {
+  TempDir dir;
+  const std::vector<float> a(6, 1.0f), b(3, 2.0f);
+  const std::string good_path = dir.path() + "/good.safetensors";
+  write_safetensors(good_path, {{"model.layers.0.mlp.experts.0.up_proj.weight", "F32", {2, 3}, a.data(), 24},
+                                {"b", "F32", {3}, b.data(), 12}});
+  std::ifstream in(good_path, std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, good.data(), 8);
+  std::mt19937 rng(20261203);
+  int opened = 0, refused = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string bytes = good;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % (8 + header_bytes);  // the length or the header
+      switch (rng() % 3) {
+        case 0: bytes[at] = static_cast<char>(rng()); break;                      // a random byte
+        case 1: bytes[at] = "0123456789[]{},:\"-e"[rng() % 20]; break;           // JSON-ish
+        default: bytes.resize(std::max<size_t>(8, bytes.size() - rng() % 16)); break;  // truncated
+      }
+    }
+    const std::string path = dir.write("damaged.safetensors", bytes);
+    try {
+      auto f = SafetensorsFile::open(path);
+      ++opened;
+      for (const auto& t : f->tensors()) {
+        ASSERT_LE(t.end, bytes.size());
+        unsigned sum = 0;
+        for (uint64_t k = 0; k < t.bytes(); ++k) sum += f->data(t)[k];  // inside the mapping
+        [[maybe_unused]] volatile unsigned keep = sum;
+      }
+    } catch (const InvalidInput&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(opened, 0);  // some edits (inside a name, say) leave a valid file
 }
 
 TEST(Checkpoint, ReadsAnIndexASingleFileOrShards) {
