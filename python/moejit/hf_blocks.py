@@ -20,6 +20,7 @@ when the model asks for router logits (output_router_logits), which only its own
 
 from __future__ import annotations
 
+import json
 import logging
 import types
 from typing import Callable, Optional
@@ -94,15 +95,18 @@ def block_rule(block: torch.nn.Module, dtype: Optional[torch.dtype] = None):
 
 
 def _whole_block_forward(original: Callable, config_json: str, model_config) -> Callable:
+    config = json.loads(config_json)
+    fp32_router = config["router_dtype"] == "fp32"  # the router's matmul in the precision moejit routes from
+    with_bias = config["topk_method"] == "noaux_tc"
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.training or getattr(model_config, "output_router_logits", False):
             return original(hidden_states)
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
-        fp32_router = type(self).__name__ == "DeepseekV3MoE"
         weight = self.gate.weight
         logits = F.linear(x.float(), weight.float()) if fp32_router else F.linear(x, weight)
-        bias = getattr(self.gate, "e_score_correction_bias", None) if fp32_router else None
+        bias = self.gate.e_score_correction_bias if with_bias else None
         residual = _residual(self)(x)
         out = torch.ops.moejit.moe_layer(
             x.contiguous(), logits.contiguous(), self.experts.gate_up_proj, self.experts.down_proj,
