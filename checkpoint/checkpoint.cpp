@@ -19,6 +19,8 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 // DeepSeek-V3's index is 8.9 MB (91k tensors).
 constexpr uintmax_t kMaxIndexBytes = 256u << 20;
 constexpr int kMaxIndexDepth = 3;
+// JSON values an index may hold (DeepSeek-V3's: about 180k): bounds the parsed document's memory.
+constexpr int64_t kMaxIndexValues = 8'000'000;
 
 [[noreturn]] void bad_checkpoint(const std::string& dir, std::string_view why) {
   throw InvalidInput(fmt::format("checkpoint '{}': {}", dir, why));
@@ -40,8 +42,11 @@ nlohmann::json read_index(const std::string& dir, const fs::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   try {
+    int64_t values = 0;
     const auto depth_limit = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
       if (depth > kMaxIndexDepth) bad_checkpoint(dir, fmt::format("{} nests deeper than {} levels", kIndexName, kMaxIndexDepth));
+      if (++values > kMaxIndexValues)
+        bad_checkpoint(dir, fmt::format("{} holds more than {} JSON values", kIndexName, kMaxIndexValues));
       return true;
     };
     return nlohmann::json::parse(text.str(), depth_limit);

@@ -133,6 +133,13 @@ std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint) {
     layers.push_back(std::move(layer));
   }
   std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  // A layer is named by its index (inspect --layer, load_experts): two blocks under one index (a
+  // multimodal model's two towers, say) would make that ambiguous.
+  for (size_t i = 1; i < layers.size(); ++i)
+    if (layers[i].layer == layers[i - 1].layer)
+      throw InvalidInput(fmt::format("checkpoint '{}': two MoE blocks have layer index {} ({} and {}); moejit names a "
+                                     "layer by its index",
+                                     checkpoint.dir(), layers[i].layer, layers[i - 1].prefix, layers[i].prefix));
   return layers;
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -24,6 +25,9 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // The header is an object of objects holding arrays of numbers: nothing deeper is valid.
 constexpr int kMaxJsonDepth = 4;
+// JSON values a header may hold (DeepSeek-V3's largest shard: about 10k): bounds the parsed
+// document's memory, which a crafted 100 MB header of tiny values could otherwise drive to gigabytes.
+constexpr int64_t kMaxJsonValues = 4'000'000;
 
 [[noreturn]] void bad_file(const std::string& path, std::string_view why) {
   throw InvalidInput(fmt::format("safetensors file '{}': {}", path, why));
@@ -52,20 +56,20 @@ TensorInfo parse_tensor(const std::string& path, const std::string& name, const 
   t.name = name;
   if (!entry["dtype"].is_string()) bad_tensor(path, name, "\"dtype\" is not a string");
   t.dtype = entry["dtype"].get<std::string>();
+  // A dtype moejit does not know (the format grows: F8_E8M0, F4, ...) is kept, its byte range still
+  // checked against the file: only a tensor moejit reads must have a dtype it reads.
   const int element = dtype_size(t.dtype);
-  if (element == 0)
-    bad_tensor(path, name, fmt::format("dtype '{}' is not one moejit reads (BOOL, U8, I8, I16, I32, I64, F16, BF16, "
-                                       "F32, F64, F8_E4M3, F8_E5M2)",
-                                       t.dtype));
   const nlohmann::json& shape = entry["shape"];
   if (!shape.is_array() || shape.size() > 8) bad_tensor(path, name, "\"shape\" is not an array of at most 8 sizes");
   uint64_t elements = 1;
-  bool overflow = false;
+  bool overflow = false, empty = false;
   for (const auto& d : shape) {
     const uint64_t size = non_negative(d, path, name, "\"shape\"");
     t.shape.push_back(static_cast<int64_t>(size));
+    empty |= size == 0;
     overflow |= __builtin_mul_overflow(elements, size, &elements);
   }
+  if (empty) elements = 0, overflow = false;  // a zero anywhere: no elements, whatever the other sizes
   const nlohmann::json& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) bad_tensor(path, name, "\"data_offsets\" is not [begin, end]");
   t.begin = non_negative(offsets[0], path, name, "\"data_offsets\"");
@@ -75,6 +79,7 @@ TensorInfo parse_tensor(const std::string& path, const std::string& name, const 
     bad_tensor(path, name,
                fmt::format("data_offsets [{}, {}] reach past the file's {} data bytes (truncated?)", t.begin, t.end,
                            data_bytes));
+  if (element == 0) return t;  // an unknown dtype: its size per element is unknown
   uint64_t bytes = 0;
   overflow |= __builtin_mul_overflow(elements, static_cast<uint64_t>(element), &bytes);
   if (overflow || bytes != t.end - t.begin)
@@ -139,8 +144,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 
   nlohmann::json header;
   try {
+    int64_t values = 0;
     const auto depth_limit = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
       if (depth > kMaxJsonDepth) bad_file(path, fmt::format("its header nests deeper than {} levels", kMaxJsonDepth));
+      if (++values > kMaxJsonValues) bad_file(path, fmt::format("its header holds more than {} JSON values", kMaxJsonValues));
       return true;
     };
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_bytes, depth_limit);
@@ -186,8 +193,11 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   uint64_t offset = 0;
   for (const auto& t : tensors) {
     uint64_t elements = 1;
-    for (int64_t d : t.shape) elements *= static_cast<uint64_t>(d);
-    if (dtype_size(t.dtype) == 0 || elements * dtype_size(t.dtype) != t.bytes)
+    bool bad = dtype_size(t.dtype) == 0;
+    for (int64_t d : t.shape) bad |= d < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements);
+    uint64_t bytes = 0;
+    bad |= __builtin_mul_overflow(elements, static_cast<uint64_t>(dtype_size(t.dtype)), &bytes);
+    if (bad || bytes != t.bytes)
       throw InvalidInput(fmt::format("write_safetensors '{}': tensor '{}' has {} bytes, which is not [{}] of {}", path,
                                      t.name, t.bytes, fmt::join(t.shape, ", "), t.dtype));
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
@@ -195,21 +205,33 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  FILE* f = std::fopen(temporary.c_str(), "wb");
-  if (!f) throw Error(fmt::format("write_safetensors: cannot create '{}': {}", temporary, std::strerror(errno)));
+  // A fresh temporary file beside the target (mkstemp: exclusive, never a planted link; mode 0600),
+  // renamed over it once complete.
+  std::string temporary = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) throw Error(fmt::format("write_safetensors: cannot create a file beside '{}': {}", path, std::strerror(errno)));
+  FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    throw Error(fmt::format("write_safetensors: cannot write '{}': {}", temporary, std::strerror(error)));
+  }
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
   bool ok = std::fwrite(length, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
   for (const auto& t : tensors) ok = ok && std::fwrite(t.data, 1, t.bytes, f) == t.bytes;
   ok = std::fflush(f) == 0 && ok;
   ok = ::fsync(::fileno(f)) == 0 && ok;
+  const int write_error = errno;
   ok = std::fclose(f) == 0 && ok;
   std::error_code ec;
   if (ok) std::filesystem::rename(temporary, path, ec);
   if (!ok || ec) {
-    std::filesystem::remove(temporary, ec);
-    throw Error(fmt::format("write_safetensors: writing '{}' failed: {}", path, std::strerror(errno)));
+    const std::string why = ok ? ec.message() : std::strerror(write_error);
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw Error(fmt::format("write_safetensors: writing '{}' failed: {}", path, why));
   }
 }
 

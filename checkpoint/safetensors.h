@@ -21,7 +21,7 @@
 namespace moejit::checkpoint {
 
 // Bytes per element of a safetensors dtype name ("BF16", "F8_E4M3", ...), or 0 for one moejit does
-// not know.
+// not know (such a tensor opens, its byte range checked, but nothing moejit reads has its dtype).
 int dtype_size(std::string_view dtype);
 
 struct TensorInfo {

@@ -38,8 +38,11 @@ struct Group {
 
 // Reports one layer; returns whether it has everything the config needs.
 bool report_layer(const Checkpoint& ckpt, const MoeConfig& config, const MoeLayerTensors& layer) {
+  // A fused layer holds every expert in one tensor, or none.
+  const bool fused_found = layer.naming == ExpertNaming::Fused && ckpt.find(weight_name(layer, "down")).info;
   fmt::print("layer {}: {} ({} names), {} of {} experts have tensors\n", layer.layer, layer.prefix,
-             to_string(layer.naming), layer.naming == ExpertNaming::Fused ? config.experts : static_cast<int>(layer.experts.size()),
+             to_string(layer.naming),
+             layer.naming == ExpertNaming::Fused ? (fused_found ? config.experts : 0) : static_cast<int>(layer.experts.size()),
              config.experts);
   std::map<std::string, Group> groups;
   std::vector<std::string> problems;

@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <memory>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -28,9 +30,13 @@ at::ScalarType scalar_type_of(const std::string& dtype) {
 
 // The buffer becomes the tensor's storage (no copy): the tensor owns it from here.
 at::Tensor to_tensor(checkpoint::HostTensor&& t) {
-  auto* owned = new std::vector<unsigned char>(std::move(t.bytes));
-  return at::from_blob(
-      owned->data(), t.shape, [owned](void*) { delete owned; }, at::TensorOptions().dtype(scalar_type_of(t.dtype)));
+  const at::ScalarType type = scalar_type_of(t.dtype);
+  auto owned = std::make_unique<std::vector<unsigned char>>(std::move(t.bytes));
+  std::vector<unsigned char>* raw = owned.get();
+  at::Tensor tensor =
+      at::from_blob(raw->data(), t.shape, [raw](void*) { delete raw; }, at::TensorOptions().dtype(type));
+  owned.release();  // the tensor's deleter owns it now
+  return tensor;
 }
 
 c10::Dict<std::string, at::Tensor> load_experts(const std::string& model_dir, int64_t layer_index,

@@ -13,8 +13,9 @@ uses: fp32 for DeepSeek-V3 (its router casts both to fp32), the model dtype for 
                            renormalize if norm_topk_prob, routed_scaling_factor
   Qwen3NextSparseMoeBlock  softmax, top-k, renormalize if norm_topk_prob    sigmoid(shared_expert_gate(x)) * shared_expert(x)
 
-A patched block falls back to its own forward while training (router jitter, auxiliary losses) or
-when the model asks for router logits (output_router_logits), which only its own router records.
+A patched block falls back to its own forward while training (router jitter, auxiliary losses), when
+gradients are wanted (the moejit ops have no backward) and when anything observes its router
+(output_router_logits hooks it), which only its own router serves.
 ``MOEJIT_LOG=info`` says which blocks were taken whole and why any was not.
 """
 
@@ -64,7 +65,10 @@ def _residual(block: torch.nn.Module) -> Callable:
 
 def block_rule(block: torch.nn.Module, dtype: Optional[torch.dtype] = None):
     """(config JSON, None) when moejit can run the whole block, else (None, why not)."""
-    routing = _routing(block)
+    try:
+        routing = _routing(block)
+    except AttributeError as e:  # a class of that name from other modeling code (trust_remote_code)
+        return None, f"{type(block).__name__} is not transformers' own ({e})"
     if routing is None:
         return None, f"no whole-block rule for {type(block).__name__} (its experts still run on moejit)"
     experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)
@@ -100,7 +104,12 @@ def _whole_block_forward(original: Callable, config_json: str, model_config) -> 
     with_bias = config["topk_method"] == "noaux_tc"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.training or getattr(model_config, "output_router_logits", False):
+        # The block's own forward where moejit's one call would lose something: training (router
+        # jitter, auxiliary losses), gradients (the moejit ops have no backward), and anyone observing
+        # the router: output_router_logits, passed to forward or set in the config, hooks the gate.
+        wants_grad = torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate.weight.requires_grad)
+        if self.training or wants_grad or self.gate._forward_hooks or self.gate._forward_pre_hooks or \
+                getattr(model_config, "output_router_logits", False):
             return original(hidden_states)
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])

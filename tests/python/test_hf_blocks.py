@@ -64,13 +64,26 @@ def test_training_falls_back_to_the_blocks_own_forward(tokens, raising_experts_i
         model(tokens)
 
 
-def test_router_logits_requested_fall_back(tokens, raising_experts_implementation):
+def test_router_logits_requested_fall_back(tokens):
+    """output_router_logits, in the config or as a forward argument, gets transformers' router logits
+    and auxiliary loss (the block runs its own router, which records them)."""
     moejit = moejit_module()
-    model = moejit.patch(build_model("mixtral"))
+    model = build_model("mixtral")
+    with torch.no_grad():
+        ref = model(tokens, output_router_logits=True)
+        moejit.patch(model)
+        out = model(tokens, output_router_logits=True)
+        assert len(out.router_logits) == len(ref.router_logits) and torch.allclose(out.aux_loss, ref.aux_loss)
+        model.config.output_router_logits = True
+        assert len(model(tokens).router_logits) == len(ref.router_logits)
+
+
+def test_gradients_fall_back(tokens, raising_experts_implementation):
+    moejit = moejit_module()
+    model = moejit.patch(build_model("qwen3_moe"))
     model.set_experts_implementation(raising_experts_implementation)
-    model.config.output_router_logits = True
-    with torch.no_grad(), pytest.raises(AssertionError, match="the experts module was called"):
-        model(tokens)
+    with pytest.raises(AssertionError, match="the experts module was called"):
+        model(tokens)  # eval mode, but gradients on: the block's own forward
 
 
 def test_blocks_without_a_rule_are_logged_and_keep_their_routing(caplog):
