@@ -1,5 +1,6 @@
 #include "cli/inspect.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -37,7 +38,9 @@ struct Group {
 };
 
 // Reports one layer; returns whether it has everything the config needs.
-bool report_layer(const Checkpoint& ckpt, const MoeConfig& config, const MoeLayerTensors& layer) {
+// `names`: every tensor name of the checkpoint, sorted (Checkpoint::names).
+bool report_layer(const Checkpoint& ckpt, const std::vector<std::string>& names, const MoeConfig& config,
+                  const MoeLayerTensors& layer) {
   // A fused layer holds every expert in one tensor, or none.
   const bool fused_found = layer.naming == ExpertNaming::Fused && ckpt.find(weight_name(layer, "down")).info;
   fmt::print("layer {}: {} ({} names), {} of {} experts have tensors\n", layer.layer, layer.prefix,
@@ -62,8 +65,10 @@ bool report_layer(const Checkpoint& ckpt, const MoeConfig& config, const MoeLaye
     fmt::print("  {:<44} {:>4}/{:<4} {:<24} {:>10}\n", name, g.found, g.expected, fmt::join(g.looks, " | "),
                human_bytes(g.bytes));
   // What else the layer's block holds: the router, shared experts (not read by moejit yet).
-  for (const std::string& name : ckpt.names()) {
-    if (!name.starts_with(layer.prefix + ".") || name.starts_with(layer.prefix + ".experts.")) continue;
+  const std::string block = layer.prefix + ".";
+  for (auto it = std::lower_bound(names.begin(), names.end(), block); it != names.end() && it->starts_with(block); ++it) {
+    const std::string& name = *it;
+    if (name.starts_with(layer.prefix + ".experts.")) continue;
     if (groups.count(group_of(layer, name))) continue;
     const FoundTensor t = ckpt.find(name);
     fmt::print("  {:<44} {:>9} {:<24} {:>10}\n", group_of(layer, name), "", describe(*t.info),
@@ -102,8 +107,8 @@ int inspect(const ConfigOptions& inputs, const InspectOptions& options) {
     throw InvalidInput("--dump-experts needs --layer: the MoE layer to pack");
   const MoeConfig config = inputs.resolve();
   const Checkpoint ckpt = Checkpoint::open(inputs.model_dir());
-  size_t tensors = ckpt.names().size();
-  fmt::print("checkpoint {}: {} files, {} tensors\n", ckpt.dir(), ckpt.files().size(), tensors);
+  const std::vector<std::string> names = ckpt.names();
+  fmt::print("checkpoint {}: {} files, {} tensors\n", ckpt.dir(), ckpt.files().size(), names.size());
   fmt::print("config: experts {}, hidden {}, moe_intermediate {}, gated {}, dtype {}, quant {}, topk_method {}; "
              "ep_rank {} of {}, tp_rank {} of {}\n",
              config.experts, config.hidden, config.moe_intermediate, config.gated, to_string(config.dtype),
@@ -118,7 +123,7 @@ int inspect(const ConfigOptions& inputs, const InspectOptions& options) {
   for (const auto& layer : layers) {
     if (options.layer >= 0 && layer.layer != options.layer) continue;
     shown = true;
-    complete = report_layer(ckpt, config, layer) && complete;
+    complete = report_layer(ckpt, names, config, layer) && complete;
     if (!options.dump_experts.empty()) dump_experts(ckpt, config, layer, options.dump_experts);
   }
   if (!shown) {
