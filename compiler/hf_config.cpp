@@ -102,6 +102,8 @@ using FamilyMapper = std::function<void(const Keys&, MoeConfig&, const std::func
 struct Family {
   const char* model_type;
   FamilyMapper map;
+  // The family's activation is fixed by its modeling code (set by `map`), not read from hidden_act.
+  bool fixed_activation = false;
 };
 
 Scoring parse_scoring(const Keys& k, const std::string& key, const std::string& def) {
@@ -260,6 +262,23 @@ const std::vector<Family>& families() {
            c.routed_scaling_factor = k.number("routed_scaling_factor", 1.0);
          if (!is_set("n_shared_experts")) c.n_shared_experts = k.int32("n_shared_experts", 1);
        }},
+      // transformers GptOssConfig: GptOssTopKRouter takes the top-k of the logits and softmaxes
+      // them (softmax over all experts, top-k, renormalized: the same weights); GptOssExperts adds
+      // gate_up_proj_bias and down_proj_bias and applies the clamped SwiGLU whatever hidden_act
+      // says (alpha 1.702, limit 7.0 in the modeling code; swiglu_limit in the config, 7.0 in
+      // every published one, is what vLLM and SGLang read).
+      {"gpt_oss",
+       [](const Keys& k, MoeConfig& c, const std::function<bool(const char*)>& is_set) {
+         map_sizes(k, c, is_set, "num_local_experts", "intermediate_size");
+         softmax_routing(c, is_set);
+         if (!is_set("renormalize")) c.renormalize = true;
+         if (!is_set("n_shared_experts")) c.n_shared_experts = 0;
+         if (!is_set("activation")) c.activation = Activation::SwigluOai;
+         if (!is_set("gated")) c.gated = true;
+         if (!is_set("swiglu_limit")) c.swiglu_limit = k.number("swiglu_limit", 7.0);
+         if (!is_set("expert_bias")) c.expert_bias = true;
+       },
+       true},
   };
   return table;
 }
@@ -408,7 +427,7 @@ MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
 
   Keys k(*src, prefix, model_type);
   family->map(k, c, is_set);
-  if (!is_set("activation")) map_activation(k, c);
+  if (!is_set("activation") && !family->fixed_activation) map_activation(k, c);
   if (!is_set("dtype")) {
     // A multimodal wrapper may give dtype only at the top level.
     bool nested_has_dtype = k.has("dtype") || k.has("torch_dtype");

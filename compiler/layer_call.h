@@ -29,6 +29,11 @@ struct LayerInputs {
   const float* w2_scale = nullptr;       // w8a8 [E_loc, H]; fp8_block [E_loc, ceil(H/128), ceil(I/128)]; fp8_tensor [E_loc]
   const float* input_smooth = nullptr;   // [E, H]; w8a8
   const float* act_smooth = nullptr;     // [E_loc, I]; w8a8
+  // The expert biases of a layer with expert_bias (fp32): w13_bias is added to GEMM 1's rows before
+  // the activation, w2_bias to each expert's output before the combine (tensor-parallel rank 0
+  // only: the ranks' outputs are summed).
+  const float* w13_bias = nullptr;       // [E_loc, N1] (gate rows, then up rows)
+  const float* w2_bias = nullptr;        // [E_loc, H]
   const void* residual = nullptr;        // [T, H] dtype, optional (shared experts' output)
 };
 

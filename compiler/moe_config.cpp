@@ -40,7 +40,8 @@ const EnumNames<TopkMethod> kMethod{{{TopkMethod::Greedy, "greedy"},
                                      {TopkMethod::GroupLimitedGreedy, "group_limited_greedy"},
                                      {TopkMethod::NoauxTc, "noaux_tc"}}};
 const EnumNames<Activation> kActivation{
-    {{Activation::Silu, "silu"}, {Activation::Gelu, "gelu"}, {Activation::GeluTanh, "gelu_tanh"}}};
+    {{Activation::Silu, "silu"}, {Activation::Gelu, "gelu"}, {Activation::GeluTanh, "gelu_tanh"},
+     {Activation::SwigluOai, "swigluoai"}}};
 const EnumNames<DType> kDType{{{DType::BF16, "bf16"}, {DType::FP16, "fp16"}, {DType::FP32, "fp32"}}};
 const EnumNames<Quant> kQuant{{{Quant::None, "none"},
                                {Quant::W8A8Int8, "w8a8_int8"},
@@ -135,6 +136,10 @@ const std::vector<Field>& fields() {
       MOEJIT_ENUM_FIELD(activation, kActivation, parse_enum(kActivation, "activation", v)),
       Field{"gated", false, [](const MoeConfig& c) { return std::string(c.gated ? "true" : "false"); },
             [](MoeConfig& c, std::string_view v) { c.gated = parse_bool("gated", v); }},
+      Field{"swiglu_limit", false, [](const MoeConfig& c) { return fmt::format("{:.17g}", c.swiglu_limit); },
+            [](MoeConfig& c, std::string_view v) { c.swiglu_limit = parse_double("swiglu_limit", v); }},
+      Field{"expert_bias", false, [](const MoeConfig& c) { return std::string(c.expert_bias ? "true" : "false"); },
+            [](MoeConfig& c, std::string_view v) { c.expert_bias = parse_bool("expert_bias", v); }},
       MOEJIT_ENUM_FIELD(dtype, kDType, parse_dtype("dtype", v)),
       MOEJIT_ENUM_FIELD(router_dtype, kDType, parse_dtype("router_dtype", v)),
       Field{"quant", false, [](const MoeConfig& c) { return std::string(kQuant.name(c.quant)); },
@@ -176,6 +181,16 @@ MoeConfig make(int e, int k, int g, int tg, Scoring s, TopkMethod m, bool renorm
   return c;
 }
 
+// gpt-oss: softmax over the top-k router logits (the same weights as softmax over all E, then top-k
+// and renormalization), experts with biases and the clamped SwiGLU.
+MoeConfig gpt_oss(int e, int64_t h, int64_t i) {
+  MoeConfig c = make(e, 4, 1, 1, Scoring::Softmax, TopkMethod::Greedy, true, 1.0, 0, h, i);
+  c.activation = Activation::SwigluOai;
+  c.swiglu_limit = 7.0;
+  c.expert_bias = true;
+  return c;
+}
+
 const std::vector<Preset>& presets() {
   using S = Scoring;
   using M = TopkMethod;
@@ -188,6 +203,8 @@ const std::vector<Preset>& presets() {
       {"kimi-k2", make(384, 8, 1, 1, S::Sigmoid, M::NoauxTc, true, 2.827, 1, 7168, 2048)},
       {"qwen3-next-80b-a3b", make(512, 10, 1, 1, S::Softmax, M::Greedy, true, 1.0, 1, 2048, 512)},
       {"glm-4.5-air", make(128, 8, 1, 1, S::Sigmoid, M::NoauxTc, true, 1.0, 1, 4096, 1408)},
+      {"gpt-oss-20b", gpt_oss(32, 2880, 2880)},
+      {"gpt-oss-120b", gpt_oss(128, 2880, 2880)},
   };
   return table;
 }
@@ -267,6 +284,10 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
   }
   check(c.n_shared_experts >= 0,
         fmt::format("n_shared_experts: {} is out of range; allowed >= 0", c.n_shared_experts));
+  check(!(c.activation == Activation::SwigluOai && !c.gated),
+        "activation: swigluoai is a gated activation (gate and up rows); it needs gated true");
+  check(std::isfinite(c.swiglu_limit) && c.swiglu_limit > 0,
+        fmt::format("swiglu_limit: {} is not allowed; it must be finite and > 0", c.swiglu_limit));
   check(!(is_quantized(c.quant) && c.dtype == DType::FP32),
         fmt::format("quant: {} needs dtype bf16 or fp16 (the activations it quantizes); dtype is fp32",
                     to_string(c.quant)));
@@ -336,10 +357,12 @@ nlohmann::json to_json(const MoeConfig& config) {
   nlohmann::json j = nlohmann::json::object();
   for (auto& f : fields()) {
     std::string text = f.get(config);
-    if (f.name == "renormalize" || f.name == "gated")
+    if (text == "true" || text == "false")
       j[f.name] = text == "true";
     else if (f.name == "routed_scaling_factor")
       j[f.name] = config.routed_scaling_factor;
+    else if (f.name == "swiglu_limit")
+      j[f.name] = config.swiglu_limit;
     else if (!text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-'))
       j[f.name] = std::stoll(text);
     else

@@ -14,7 +14,9 @@ namespace moejit {
 
 enum class Scoring { Softmax, Sigmoid };
 enum class TopkMethod { Greedy, GroupLimitedGreedy, NoauxTc };
-enum class Activation { Silu, Gelu, GeluTanh };
+// SwigluOai: gpt-oss's clamped SwiGLU, gated only: g = min(gate, limit), u = clamp(up, -limit, limit),
+// act = (u + 1) * g * sigmoid(1.702 g), limit = swiglu_limit.
+enum class Activation { Silu, Gelu, GeluTanh, SwigluOai };
 enum class DType { BF16, FP16, FP32 };
 // How the expert weights are quantized (SPEC.md "Quantized experts"):
 //   W8A8Int8   int8 weights with per-channel scales, smoothed activations quantized per row
@@ -57,6 +59,9 @@ struct LayerSpec {
   int64_t moe_intermediate = 14336;  // the model's moe_intermediate_size, before the TP split
   Activation activation = Activation::Silu;
   bool gated = true;
+  double swiglu_limit = 7.0;     // swigluoai's clamp (gpt-oss's swiglu_limit); no other activation reads it
+  bool expert_bias = false;      // w13_bias [E_loc, N1] added before the activation, w2_bias [E_loc, H]
+                                 // to each expert's output before the combine (gpt-oss)
   DType dtype = DType::BF16;     // hidden, weights (unquantized), output
   DType router_dtype = DType::BF16;  // router logits: dtype or fp32
   Quant quant = Quant::None;
@@ -82,6 +87,9 @@ struct QuantTensorShapes {
   std::vector<int64_t> w13_scale, w2_scale, input_smooth, act_smooth;
 };
 QuantTensorShapes quant_tensor_shapes(const LayerSpec& spec);
+
+// gpt-oss's alpha of swigluoai: g * sigmoid(kSwigluOaiAlpha * g).
+constexpr double kSwigluOaiAlpha = 1.702;
 
 // The activation scales of one row of a `cols`-column GEMM operand: one per 128-column group for
 // fp8_block, one per row otherwise (int8, fp8_tensor).

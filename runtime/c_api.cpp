@@ -110,6 +110,8 @@ int moejit_layer_forward(const moejit_layer* layer, void* stream, int64_t tokens
     in.w2_scale = inputs->w2_scale;
     in.input_smooth = inputs->input_smooth;
     in.act_smooth = inputs->act_smooth;
+    in.w13_bias = inputs->w13_bias;
+    in.w2_bias = inputs->w2_bias;
     in.residual = inputs->residual;
     layer->layer->forward(stream, tokens, in, output, workspace, workspace_bytes);
   });

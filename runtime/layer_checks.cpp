@@ -1,5 +1,7 @@
 #include "runtime/layer_checks.h"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -42,6 +44,14 @@ WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, cons
   if (c.quant == Quant::W8A8Int8) {
     check_pointer(in.input_smooth, "input_smooth", 4);
     check_pointer(in.act_smooth, "act_smooth", 4);
+  }
+  if (c.expert_bias) {
+    check_pointer(in.w13_bias, "w13_bias", 4);
+    check_pointer(in.w2_bias, "w2_bias", 4);
+  } else {
+    // A bias this layer would not add is a different layer than the caller means.
+    for (auto [bias, name] : {std::pair{in.w13_bias, "w13_bias"}, std::pair{in.w2_bias, "w2_bias"}})
+      if (bias) throw InvalidInput(fmt::format("{}: given, but this layer has no expert biases (expert_bias false)", name));
   }
   if (tokens == 0) return {};
   check_pointer(in.hidden, "hidden", 16);

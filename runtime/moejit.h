@@ -19,7 +19,9 @@ typedef struct moejit_layer moejit_layer;
  * w13_scale, w2_scale (fp32): every quantized layer; w8a8_int8 per output channel ([E_loc, N1],
  * [E_loc, H]), fp8_block per 128 x 128 block ([E_loc, ceil(N1/128), ceil(H/128)],
  * [E_loc, ceil(H/128), ceil(I/128)]), fp8_tensor one per matrix ([E_loc], [E_loc]).
- * input_smooth [E, H], act_smooth [E_loc, I] (fp32): w8a8_int8 only. */
+ * input_smooth [E, H], act_smooth [E_loc, I] (fp32): w8a8_int8 only.
+ * w13_bias [E_loc, N1], w2_bias [E_loc, H] (fp32): layers with expert_bias (gpt-oss) only.
+ * Zero-initialize the struct (moejit_inputs in = {0};) so that entries added later stay NULL. */
 typedef struct moejit_inputs {
   const void* hidden;
   const void* router_logits;
@@ -31,6 +33,8 @@ typedef struct moejit_inputs {
   const float* input_smooth;
   const float* act_smooth;
   const void* residual;
+  const float* w13_bias;
+  const float* w2_bias;
 } moejit_inputs;
 
 /* config: a preset name ("deepseek-v3"), a path to a config file or model folder, or a JSON text

@@ -69,6 +69,8 @@ struct GemmArgs {
   const float* w_scale;      // w8a8: [E_loc, N] per output channel; fp8_block:
                              // [E_loc, ceil(N/128), ceil(K/128)]; fp8_tensor: [E_loc]
   const float* act_smooth;   // w8a8 GEMM 1: [E_loc, I], applied before re-quantization
+  const float* bias;         // kBias: [E_loc, N] fp32 (GEMM 1: gate rows then up rows), added to
+                             // the scaled sums; null adds nothing (GEMM 2 past tensor-parallel rank 0)
   void* out;                 // GEMM 1: act [M, I]; GEMM 2: Y [M, H]
   const int* tile_expert;
   const int* tile_row;

@@ -8,7 +8,7 @@
 
 namespace moejit {
 
-enum ActivationKind { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
+enum ActivationKind { kSilu = 0, kGelu = 1, kGeluTanh = 2, kSwigluOai = 3 };
 
 // How a GEMM's 8-bit operands are scaled back (SPEC.md "Quantized experts"):
 //   kNoScaling          16-bit operands
@@ -73,6 +73,7 @@ __device__ __forceinline__ float sanitize(float x) {
 
 template <int ACT>
 __device__ __forceinline__ float activate(float x) {
+  static_assert(ACT != kSwigluOai, "swigluoai is gated: gated_activation");
   if constexpr (ACT == kSilu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (ACT == kGelu) {
@@ -80,6 +81,20 @@ __device__ __forceinline__ float activate(float x) {
   } else {
     const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
     return 0.5f * x * (1.0f + tanhf(inner));
+  }
+}
+
+// A gated GEMM 1's output from one column's gate and up values: act(gate) * up, or gpt-oss's clamped
+// SwiGLU, g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(1.702 g).
+// The comparisons keep a NaN a NaN, as torch.clamp does (fminf would drop it).
+template <int ACT>
+__device__ __forceinline__ float gated_activation(float gate, float up, float limit) {
+  if constexpr (ACT == kSwigluOai) {
+    const float g = gate > limit ? limit : gate;
+    const float u = up > limit ? limit : (up < -limit ? -limit : up);
+    return (u + 1.0f) * g / (1.0f + expf(-1.702f * g));
+  } else {
+    return activate<ACT>(gate) * up;
   }
 }
 

@@ -10,7 +10,7 @@
 //   using A, W, Out; using Acc (float, or int for int8 x int8)
 //   kBM, kBN, kBK (kBM, kBN multiples of 16), kThreads = 256
 //   kN: output columns (I for GEMM 1, H for GEMM 2); kK: reduction length (H or I)
-//   kGated, kAct (ActivationKind), kGemm1
+//   kGated, kAct (ActivationKind), kSwigluLimit (swigluoai's clamp), kBias (expert biases), kGemm1
 //   kGather: A rows are hidden[sorted_pair[p] / kTopk] (GEMM 1 on unquantized input)
 //   kTopk
 //   kLayoutNK: W is [E_loc, rows, kK] (else [E_loc, kK, rows]); rows = kGated ? 2*kN : kN
@@ -144,13 +144,18 @@ __device__ void grouped_gemm(const GemmArgs& args) {
       if (n >= N) continue;
       float gate = static_cast<float>(acc[0][i][j]);
       if constexpr (INT8) gate *= a_scale * args.w_scale[expert * W_ROWS + n];
+      if constexpr (Spec::kBias)
+        if (args.bias != nullptr) gate += args.bias[expert * W_ROWS + n];
       float v;
       if constexpr (Spec::kGemm1) {
-        v = activate<Spec::kAct>(gate);
         if constexpr (Spec::kGated) {
           float up = static_cast<float>(acc[HALVES - 1][i][j]);
           if constexpr (INT8) up *= a_scale * args.w_scale[expert * W_ROWS + N + n];
-          v *= up;
+          if constexpr (Spec::kBias)
+            if (args.bias != nullptr) up += args.bias[expert * W_ROWS + N + n];
+          v = gated_activation<Spec::kAct>(gate, up, Spec::kSwigluLimit);
+        } else {
+          v = activate<Spec::kAct>(gate);
         }
         if constexpr (INT8) v *= args.act_smooth[expert * N + n];
       } else {

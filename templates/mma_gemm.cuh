@@ -26,7 +26,7 @@
 //   kBM (multiple of 16 * kWarpsM), kBN (output columns; multiple of 8 * kWarpsN), kBK = 64 (16-bit)
 //   or 128 (8-bit)
 //   kStages >= 2, kWarpsM, kWarpsN (threads = 32 * kWarpsM * kWarpsN), kGroupRows
-//   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kGather, kTopk
+//   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kSwigluLimit, kBias, kGather, kTopk
 //   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides
 //   kWeightsBeforeWait: the entry point left the wait for the previous kernel to the body, which
@@ -297,7 +297,7 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
   if constexpr (SCALING == kTensorScaling) tensor_scale = __ldg(args.w_scale + expert);
   // The sum of accumulator (i, j, v), scaled back for 8-bit operands; r its tile row's source row
   // (row scales), col its column.
-  auto sum = [&](int i, int j, int v, float row_scale, long long col) -> float {
+  auto scaled = [&](int i, int j, int v, float row_scale, long long col) -> float {
     if constexpr (BLOCK) {
       return total[i][j][v];
     } else if constexpr (SCALING == kRowChannelScaling) {
@@ -308,6 +308,13 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
     } else {
       return acc[i][j][v];
     }
+  };
+  // ... plus the expert's bias of that weight row (kBias; fragment j < NF: the gate half).
+  auto sum = [&](int i, int j, int v, float row_scale, long long col) -> float {
+    float x = scaled(i, j, v, row_scale, col);
+    if constexpr (Spec::kBias)
+      if (args.bias != nullptr) x += __ldg(args.bias + (static_cast<long long>(expert) * HALVES + j / NF) * N + col);
+    return x;
   };
 
   // Epilogue: thread (g = lane / 4, t = lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
@@ -327,11 +334,12 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
         if constexpr (SCALING == kRowChannelScaling || SCALING == kTensorScaling) row_scale = __ldg(args.a_scale + a_row[r]);
         float x = sum(i, j, 2 * h, row_scale, col), y = sum(i, j, 2 * h + 1, row_scale, col + 1);
         if constexpr (Spec::kGemm1) {
-          x = activate<Spec::kAct>(x);
-          y = activate<Spec::kAct>(y);
           if constexpr (Spec::kGated) {
-            x *= sum(i, NF + j, 2 * h, row_scale, col);
-            y *= sum(i, NF + j, 2 * h + 1, row_scale, col + 1);
+            x = gated_activation<Spec::kAct>(x, sum(i, NF + j, 2 * h, row_scale, col), Spec::kSwigluLimit);
+            y = gated_activation<Spec::kAct>(y, sum(i, NF + j, 2 * h + 1, row_scale, col + 1), Spec::kSwigluLimit);
+          } else {
+            x = activate<Spec::kAct>(x);
+            y = activate<Spec::kAct>(y);
           }
           if constexpr (SCALING == kRowChannelScaling) {  // int8: smoothing for GEMM 2's quantization
             x *= __ldg(args.act_smooth + expert * N + col);

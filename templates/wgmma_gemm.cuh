@@ -38,7 +38,7 @@
 //   warps and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
 //   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128, 192 or 256, at most 192 when kBM is
 //   192, at most 128 with kBlockScaling), kBK = 64 (16-bit) or 128 (8-bit), kStages >= 2, kGroupRows
-//   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kGather, kTopk, kWeightsBeforeWait (as
+//   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kSwigluLimit, kBias, kGather, kTopk, kWeightsBeforeWait (as
 //   mma_gemm.cuh)
 //   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
@@ -445,7 +445,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   if constexpr (SCALING == kTensorScaling) tensor_scale = __ldg(args.w_scale + expert);
   // The sum of accumulator 4 j + 2 h + e, scaled back for 8-bit operands (int8: by its column's
   // channel scale, j's weight row being half * N + n0 + column).
-  auto sum = [&](int j, int h, int e) -> float {
+  auto scaled = [&](int j, int h, int e) -> float {
     const int i = 4 * j + 2 * h + e;
     if constexpr (BLOCK) {
       return total[i];
@@ -460,16 +460,27 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
       return acc[i];
     }
   };
+  // ... plus the expert's bias of that weight row (kBias).
+  auto sum = [&](int j, int h, int e) -> float {
+    float v = scaled(j, h, e);
+    if constexpr (Spec::kBias) {
+      const int half = j / (BN / 8);
+      const long long column = n0 + (j % (BN / 8)) * 8 + (lane % 4) * 2 + e;
+      if (args.bias != nullptr && column < N) v += __ldg(args.bias + (expert * HALVES + half) * N + column);
+    }
+    return v;
+  };
   // The value of accumulator pair (j, h), activated (and gated) for GEMM 1 (int8: times act_smooth).
   auto output_pair = [&](int j, int h, float& x, float& y) {
     x = sum(j, h, 0);
     y = sum(j, h, 1);
     if constexpr (Spec::kGemm1) {
-      x = activate<Spec::kAct>(x);
-      y = activate<Spec::kAct>(y);
       if constexpr (Spec::kGated) {
-        x *= sum(j + BN / 8, h, 0);
-        y *= sum(j + BN / 8, h, 1);
+        x = gated_activation<Spec::kAct>(x, sum(j + BN / 8, h, 0), Spec::kSwigluLimit);
+        y = gated_activation<Spec::kAct>(y, sum(j + BN / 8, h, 1), Spec::kSwigluLimit);
+      } else {
+        x = activate<Spec::kAct>(x);
+        y = activate<Spec::kAct>(y);
       }
       if constexpr (SCALING == kRowChannelScaling) {
         const long long column = n0 + j * 8 + (lane % 4) * 2;

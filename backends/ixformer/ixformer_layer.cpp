@@ -27,12 +27,19 @@ at::Tensor activation_aten(const MoeConfig& c, const at::Tensor& g1) {
       case Activation::Silu: return at::silu(x);
       case Activation::Gelu: return at::gelu(x, "none");
       case Activation::GeluTanh: return at::gelu(x, "tanh");
+      case Activation::SwigluOai: break;  // gated only: below
     }
     return x;
   };
   const int64_t I = c.local_intermediate();
   at::Tensor x = g1.to(at::kFloat);
-  at::Tensor act = c.gated ? act_fn(x.narrow(1, 0, I)) * x.narrow(1, I, I) : act_fn(x);
+  at::Tensor act;
+  if (c.gated && c.activation == Activation::SwigluOai) {
+    const at::Tensor g = x.narrow(1, 0, I).clamp_max(c.swiglu_limit);
+    act = (x.narrow(1, I, I).clamp(-c.swiglu_limit, c.swiglu_limit) + 1) * g * at::sigmoid(g * kSwigluOaiAlpha);
+  } else {
+    act = c.gated ? act_fn(x.narrow(1, 0, I)) * x.narrow(1, I, I) : act_fn(x);
+  }
   return act.to(g1.scalar_type());
 }
 
@@ -46,6 +53,8 @@ std::string unsupported_capability(const MoeConfig& c) {
     return fmt::format("quant {} (fp8 experts): ixformer's declared API has no fp8 group GEMM; use bf16/fp16 "
                        "weights on Iluvatar devices",
                        to_string(c.quant));
+  if (c.expert_bias)
+    return "expert_bias (gpt-oss's expert biases): ixformer's declared moe_w16a16_group_gemm has no bias input";
   if (c.ep_size > 1)
     return fmt::format(
         "expert parallel (ep_size {}): moejit does not pass expert ranges to moe_compute_token_index_api (whether "

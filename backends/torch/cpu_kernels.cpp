@@ -78,8 +78,20 @@ at::Tensor activate(const MoeConfig& c, const at::Tensor& x) {
     case Activation::Silu: return at::silu(x);
     case Activation::Gelu: return at::gelu(x, "none");
     case Activation::GeluTanh: return at::gelu(x, "tanh");
+    case Activation::SwigluOai: break;  // gated only (validate() enforces it)
   }
-  return x;
+  TORCH_CHECK(false, "moejit: activation ", to_string(c.activation), " needs gate and up values");
+}
+
+// GEMM 1's activation of rows g1 [n, N1]: act(gate) * up when gated, or swigluoai's
+// (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit).
+at::Tensor activate_rows(const MoeConfig& c, const at::Tensor& g1) {
+  const int64_t I = c.local_intermediate();
+  if (!c.gated) return activate(c, g1);
+  const at::Tensor gate = g1.narrow(1, 0, I), up = g1.narrow(1, I, I);
+  if (c.activation != Activation::SwigluOai) return activate(c, gate) * up;
+  const at::Tensor g = gate.clamp_max(c.swiglu_limit);
+  return (up.clamp(-c.swiglu_limit, c.swiglu_limit) + 1) * g * at::sigmoid(g * kSwigluOaiAlpha);
 }
 
 // x [n, K] times the expert's weight as [N, K] (nk) or [K, N] (kn): [n, N].
@@ -109,9 +121,13 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
                        const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
                        const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                        const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
-                       const std::string& config) {
+                       const std::string& config, const std::optional<at::Tensor>& w13_bias,
+                       const std::optional<at::Tensor>& w2_bias) {
   const MoeConfig& c = parse_config(config);
-  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  // fp32 biases; GEMM 2's on tensor-parallel rank 0 only (the ranks' outputs are summed).
+  const std::optional<at::Tensor> b13 = layer_expert_bias(w13_bias);
+  const std::optional<at::Tensor> b2 = c.tp_rank == 0 ? layer_expert_bias(w2_bias) : std::nullopt;
   const int64_t tokens = hidden.size(0), K = c.topk, H = c.hidden, I = c.local_intermediate();
   const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
   const at::ScalarType dtype = scalar_type(c.dtype);
@@ -139,7 +155,8 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
     } else {
       g1 = times_weight(x.index_select(0, rows), w13[e].to(at::kFloat), c.weight_layout);
     }
-    act = c.gated ? activate(c, g1.narrow(1, 0, I)) * g1.narrow(1, I, I) : activate(c, g1);
+    if (b13.has_value()) g1 = g1 + (*b13)[e];
+    act = activate_rows(c, g1);
     if (w8a8) {
       auto [q, scale] = quantize_rows(act * (*act_smooth)[e]);
       ye = times_weight(q.to(at::kDouble), w2[e].to(at::kDouble), c.weight_layout).to(at::kFloat) * scale *
@@ -152,6 +169,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
       // The GPU stores the activation in the model dtype between the GEMMs.
       ye = times_weight(act.to(dtype).to(at::kFloat), w2[e].to(at::kFloat), c.weight_layout);
     }
+    if (b2.has_value()) ye = ye + (*b2)[e];
     y.index_copy_(0, pairs, ye.to(dtype).to(at::kFloat));
   }
   // Weighted sum over slots in order j = 0..K-1, in fp32, rounded once.
@@ -167,13 +185,15 @@ at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logi
                          const at::Tensor& w2, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
-                         const std::optional<at::Tensor>& residual, const std::string& config) {
+                         const std::optional<at::Tensor>& residual, const std::string& config,
+                         const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias) {
   const MoeConfig& c = parse_config(config);
-  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   TORCH_CHECK_VALUE(router_logits.dim() == 2 && router_logits.size(0) == hidden.size(0), "moejit: router_logits has ",
                     router_logits.sizes(), " but hidden has ", hidden.size(0), " rows");
   auto [weights, ids] = route_cpu(router_logits, bias, config);
-  return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config);
+  return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config,
+                     w13_bias, w2_bias);
 }
 
 }  // namespace moejit::torch_ops

@@ -20,11 +20,14 @@ const MoeConfig& parse_config(const std::string& config_json);
 void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
-                          const std::optional<at::Tensor>& residual);
+                          const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias,
+                          const std::optional<at::Tensor>& w2_bias);
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias);
 // The callers' routing tensors in the dtypes the layer takes (checked, then converted on their
 // device): the correction bias fp32, topk_ids int32 [tokens, K], topk_weights fp32 [tokens, K].
 std::optional<at::Tensor> layer_correction_bias(const std::optional<at::Tensor>& bias);
+// The expert biases (checked by check_expert_tensors) as fp32.
+std::optional<at::Tensor> layer_expert_bias(const std::optional<at::Tensor>& bias);
 at::Tensor layer_topk_ids(const MoeConfig& c, const at::Tensor& ids, int64_t tokens);
 at::Tensor layer_topk_weights(const MoeConfig& c, const at::Tensor& weights, int64_t tokens);
 
@@ -32,7 +35,8 @@ at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logi
                          const at::Tensor& w2, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
-                         const std::optional<at::Tensor>& residual, const std::string& config);
+                         const std::optional<at::Tensor>& residual, const std::string& config,
+                         const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias);
 
 std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, const std::optional<at::Tensor>& bias,
                                              const std::string& config);
@@ -41,6 +45,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
                        const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
                        const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                        const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
-                       const std::string& config);
+                       const std::string& config, const std::optional<at::Tensor>& w13_bias,
+                       const std::optional<at::Tensor>& w2_bias);
 
 }  // namespace moejit::torch_ops

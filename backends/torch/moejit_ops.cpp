@@ -4,11 +4,12 @@
 // The CPU kernels, which compute SPEC.md's math with ATen, are in cpu_kernels.cpp.
 //
 //   moejit::moe_layer(hidden, router_logits, w13, w2, bias?, w13_scale?, w2_scale?, input_smooth?,
-//                     act_smooth?, residual?, config) -> out             the whole layer
+//                     act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out   the whole layer
 //   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
-//                   act_smooth?, residual?, config) -> out               stages 2-6
-//   (topk_ids int32 or int64, topk_weights and the correction bias fp32, bf16 or fp16: converted on
+//                   act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out     stages 2-6
+//   (topk_ids int32 or int64, topk_weights, the correction bias and the expert biases (gpt-oss)
+//   fp32, bf16 or fp16: converted on
 //   the device, asynchronously)
 //   moejit::compile(config, device) -> str                                build + load at model load
 //   moejit::hf_activations() -> str                                       HF hidden_act -> activation (JSON)
@@ -121,9 +122,26 @@ at::ScalarType weight_scalar_type(const MoeConfig& c) {
 void check_weights_and_scales(const MoeConfig& c, const at::Tensor& w13, const at::Tensor& w2,
                               const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                               const std::optional<at::Tensor>& input_smooth,
-                              const std::optional<at::Tensor>& act_smooth) {
+                              const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& w13_bias,
+                              const std::optional<at::Tensor>& w2_bias) {
   expect(w13, "w13", weight_scalar_type(c), w13_shape(c));
   expect(w2, "w2", weight_scalar_type(c), w2_shape(c));
+  // Expert biases (gpt-oss): fp32, bf16 or fp16 (converted to fp32 on the device), required exactly
+  // when the config has expert_bias; a bias the layer would not add is refused.
+  auto check_bias = [&](const std::optional<at::Tensor>& t, const char* name, std::vector<int64_t> shape) {
+    if (!c.expert_bias) {
+      TORCH_CHECK_VALUE(!t.has_value(), "moejit: ", name,
+                        " is given, but this layer has no expert biases (config expert_bias false); pass None");
+      return;
+    }
+    TORCH_CHECK_VALUE(t.has_value(), "moejit: ", name, " is required: the layer has expert biases (expert_bias true)");
+    const at::ScalarType type = t->scalar_type();
+    TORCH_CHECK_VALUE(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf, "moejit: ", name,
+                      " must be float32, bfloat16 or float16, got ", type);
+    expect_optional(t, name, type, shape, true, "for expert_bias");
+  };
+  check_bias(w13_bias, "w13_bias", {c.local_experts(), c.gemm1_rows()});
+  check_bias(w2_bias, "w2_bias", {c.local_experts(), c.hidden});
   if (c.quant == Quant::None) {
     // Unquantized layers ignore these. One given anyway (MoELayer keeps what its caller passes) is
     // checked against the w8a8_int8 shapes, as it was before fp8 existed.
@@ -157,17 +175,18 @@ void check_weights_and_scales(const MoeConfig& c, const at::Tensor& w13, const a
 void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
-                          const std::optional<at::Tensor>& residual) {
+                          const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias,
+                          const std::optional<at::Tensor>& w2_bias) {
   TORCH_CHECK_VALUE(hidden.dim() == 2, "moejit: hidden must be [tokens, ", c.hidden, "], got ", hidden.sizes());
   const int64_t tokens = hidden.size(0);
   expect(hidden, "hidden", scalar_type(c.dtype), {tokens, c.hidden});
-  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
+  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
   expect_optional(residual, "residual", scalar_type(c.dtype), {tokens, c.hidden}, false, "");
   for (const auto* t : {&w13, &w2})
     TORCH_CHECK_VALUE(t->device() == hidden.device(), "moejit: every tensor must be on ", hidden.device());
   const std::pair<const char*, const std::optional<at::Tensor>*> optional_tensors[] = {
       {"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"input_smooth", &input_smooth},
-      {"act_smooth", &act_smooth}, {"residual", &residual}};
+      {"act_smooth", &act_smooth}, {"residual", &residual}, {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}};
   for (const auto& [name, t] : optional_tensors)
     TORCH_CHECK_VALUE(!t->has_value() || (*t)->device() == hidden.device(), "moejit: ", name, " is on ",
                       t->has_value() ? (*t)->device() : hidden.device(), "; every tensor must be on ",
@@ -191,6 +210,11 @@ void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const s
 // What callers have, in the dtypes the layer takes. Each conversion is an ATen kernel on the
 // tensor's device and the current stream: asynchronous, no host sync, capturable in a CUDA graph.
 std::optional<at::Tensor> layer_correction_bias(const std::optional<at::Tensor>& bias) {
+  if (!bias.has_value() || bias->scalar_type() == at::kFloat) return bias;
+  return bias->to(at::kFloat);
+}
+
+std::optional<at::Tensor> layer_expert_bias(const std::optional<at::Tensor>& bias) {
   if (!bias.has_value() || bias->scalar_type() == at::kFloat) return bias;
   return bias->to(at::kFloat);
 }
@@ -220,7 +244,8 @@ namespace {
 LayerInputs expert_inputs(const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
-                          const std::optional<at::Tensor>& residual) {
+                          const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias32,
+                          const std::optional<at::Tensor>& w2_bias32) {
   auto ptr = [](const std::optional<at::Tensor>& t) -> const float* {
     return t.has_value() ? t->data_ptr<float>() : nullptr;
   };
@@ -233,6 +258,8 @@ LayerInputs expert_inputs(const at::Tensor& hidden, const at::Tensor& w13, const
   in.input_smooth = ptr(input_smooth);
   in.act_smooth = ptr(act_smooth);
   in.residual = residual.has_value() ? residual->data_ptr() : nullptr;
+  in.w13_bias = ptr(w13_bias32);
+  in.w2_bias = ptr(w2_bias32);
   return in;
 }
 
@@ -258,10 +285,11 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
                           const at::Tensor& w2, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
-                          const std::optional<at::Tensor>& residual, const std::string& config_json) {
+                          const std::optional<at::Tensor>& residual, const std::string& config_json,
+                          const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias) {
   ConfigEntry& entry = entry_for(config_json);
   const MoeConfig& c = entry.config;
-  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   check_routing_tensors(c, logits, bias);
   TORCH_CHECK_VALUE(logits.size(0) == hidden.size(0), "moejit: router_logits has ", logits.size(0),
                     " rows but hidden has ", hidden.size(0));
@@ -270,7 +298,9 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   const int64_t tokens = hidden.size(0);
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
-  LayerInputs in = expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  const std::optional<at::Tensor> w13_bias32 = layer_expert_bias(w13_bias), w2_bias32 = layer_expert_bias(w2_bias);
+  LayerInputs in =
+      expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
   in.router_logits = logits.data_ptr();
   const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
   in.e_score_correction_bias = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
@@ -302,10 +332,11 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
                         const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
                         const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
-                        const std::string& config_json) {
+                        const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
+                        const std::optional<at::Tensor>& w2_bias) {
   ConfigEntry& entry = entry_for(config_json);
   const MoeConfig& c = entry.config;
-  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   const int64_t tokens = hidden.size(0);
   c10::cuda::CUDAGuard guard(hidden.device());
   const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
@@ -314,7 +345,9 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
   const Layer& layer = layer_for(entry, hidden.device());
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
-  LayerInputs in = expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual);
+  const std::optional<at::Tensor> w13_bias32 = layer_expert_bias(w13_bias), w2_bias32 = layer_expert_bias(w2_bias);
+  LayerInputs in =
+      expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   run_layer([&] {
     layer.experts(stream, tokens, ids.data_ptr<int>(), weights.data_ptr<float>(), in, out.data_ptr(),
@@ -342,20 +375,23 @@ std::string hf_activations_json() {
 // count may be symbolic.
 void check_meta(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
                 const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
-                const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth) {
+                const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
+                const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias) {
   TORCH_CHECK_VALUE(hidden.dim() == 2 && hidden.sym_size(1) == c.hidden, "moejit: hidden must be [tokens, ",
                     c.hidden, "], got ", hidden.sym_sizes());
   TORCH_CHECK_VALUE(hidden.scalar_type() == scalar_type(c.dtype), "moejit: hidden must be ", scalar_type(c.dtype),
                     ", got ", hidden.scalar_type());
-  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
+  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
 }
 
 at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at::Tensor& w13, const at::Tensor& w2,
                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>& w13_scale,
                           const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                           const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
-                          const std::string& config_json) {
-  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
+                          const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
+                          const std::optional<at::Tensor>& w2_bias) {
+  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
+             w2_bias);
   return at::empty_like(hidden);
 }
 
@@ -370,8 +406,10 @@ at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::T
                         const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
                         const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
-                        const std::string& config_json) {
-  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth);
+                        const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
+                        const std::optional<at::Tensor>& w2_bias) {
+  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
+             w2_bias);
   return at::empty_like(hidden);
 }
 
@@ -382,11 +420,12 @@ TORCH_LIBRARY(moejit, m) {
   m.def(
       "moe_layer(Tensor hidden, Tensor router_logits, Tensor w13, Tensor w2, Tensor? e_score_correction_bias, "
       "Tensor? w13_scale, Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, "
-      "str config) -> Tensor");
+      "str config, Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor");
   m.def("route(Tensor router_logits, Tensor? e_score_correction_bias, str config) -> (Tensor, Tensor)");
   m.def(
       "experts(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, Tensor? w13_scale, "
-      "Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, str config) -> Tensor");
+      "Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, str config, "
+      "Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor");
   // No tensor argument, so no dispatch key: registered as a catch-all kernel.
   m.def("compile(str config, int device) -> str", &moejit::torch_ops::compile_cuda);
   m.def("hf_activations() -> str", &moejit::torch_ops::hf_activations_json);

@@ -124,8 +124,9 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
   KernelPlan k;
   k.stage = gemm1 ? Stage::Gemm1 : Stage::Gemm2;
   k.role = gemm1 ? KernelRole::Gemm1 : KernelRole::Gemm2;
-  k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.local_experts(), n,
-                        k_len, gemm1 ? "_" + activation_tag(c) : "", data_tag(c), to_string(c.weight_layout),
+  k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.local_experts(), n,
+                        k_len, gemm1 ? "_" + activation_tag(c) : "", data_tag(c), c.expert_bias ? "_bias" : "",
+                        to_string(c.weight_layout),
                         tile.bm, tile.bn, tile.bk);
   if (wgmma)
     k.entry += fmt::format("_wg_s{}", tile.stages);
@@ -167,6 +168,8 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
         {"bool", "kGemm1", boolean(gemm1)},
         {"bool", "kGated", boolean(gated)},
         {"int", "kAct", act_kind(c.activation)},
+        {"float", "kSwigluLimit", float_literal(c.swiglu_limit)},
+        {"bool", "kBias", boolean(c.expert_bias)},
         {"bool", "kGather", boolean(gather)},
         {"int", "kTopk", std::to_string(c.topk)},
         {"bool", "kWeightsBeforeWait", boolean(!gemm1)},
@@ -200,6 +203,8 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
       {"bool", "kGemm1", boolean(gemm1)},
       {"bool", "kGated", boolean(gated)},
       {"int", "kAct", act_kind(c.activation)},
+      {"float", "kSwigluLimit", float_literal(c.swiglu_limit)},
+      {"bool", "kBias", boolean(c.expert_bias)},
       {"bool", "kGather", boolean(gather)},
       {"int", "kTopk", std::to_string(c.topk)},
       {"bool", "kLayoutNK", boolean(c.weight_layout == WeightLayout::NK)},
@@ -237,6 +242,7 @@ GemmArgs gemm1_args(const CallContext& x) {
                   b.in.w13,
                   b.in.w13_scale,
                   x.spec.quant == Quant::W8A8Int8 ? b.in.act_smooth : nullptr,
+                  x.spec.expert_bias ? b.in.w13_bias : nullptr,
                   quantized ? b.at<char>(o.act_f32) : b.at<char>(o.act),
                   b.at<int>(o.tile_expert),
                   b.at<int>(o.tile_row),
@@ -255,6 +261,8 @@ GemmArgs gemm2_args(const CallContext& x) {
                   b.in.w2,
                   b.in.w2_scale,
                   nullptr,
+                  // The tensor-parallel ranks' outputs are summed: one of them adds the bias.
+                  x.spec.expert_bias && x.placement.tp_rank == 0 ? b.in.w2_bias : nullptr,
                   b.at<char>(o.y),
                   b.at<int>(o.tile_expert),
                   b.at<int>(o.tile_row),

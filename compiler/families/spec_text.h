@@ -39,9 +39,10 @@ inline std::string identifier_number(double v) {
   return s;
 }
 
-// "silu_gated": the activation in a GEMM 1 entry name.
+// "silu_gated", "swigluoai7_gated" (with its limit): the activation in a GEMM 1 entry name.
 inline std::string activation_tag(const LayerSpec& c) {
-  return fmt::format("{}{}", to_string(c.activation), c.gated ? "_gated" : "");
+  const std::string limit = c.activation == Activation::SwigluOai ? identifier_number(c.swiglu_limit) : "";
+  return fmt::format("{}{}{}", to_string(c.activation), limit, c.gated ? "_gated" : "");
 }
 
 // The activation as common.cuh's ActivationKind constant.
@@ -50,6 +51,7 @@ inline std::string act_kind(Activation a) {
     case Activation::Silu: return "moejit::kSilu";
     case Activation::Gelu: return "moejit::kGelu";
     case Activation::GeluTanh: return "moejit::kGeluTanh";
+    case Activation::SwigluOai: return "moejit::kSwigluOai";
   }
   return "?";
 }

@@ -73,8 +73,10 @@ class MoeConfig:
     routed_scaling_factor: float = 1.0
     hidden: int = 4096
     moe_intermediate: int = 14336
-    activation: str = "silu"  # silu | gelu | gelu_tanh
+    activation: str = "silu"  # silu | gelu | gelu_tanh | swigluoai (gpt-oss's clamped SwiGLU, gated only)
     gated: bool = True
+    swiglu_limit: float = 7.0  # swigluoai's clamp
+    expert_bias: bool = False  # w13_bias [E_loc, N1] and w2_bias [E_loc, H] (gpt-oss)
     dtype: str = "bf16"  # bf16 | fp16 | fp32
     router_dtype: Optional[str] = None  # None: same as dtype
     quant: str = "none"  # none | w8a8_int8 | fp8_block | fp8_tensor (SPEC.md "Quantized experts")

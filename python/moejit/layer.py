@@ -23,8 +23,9 @@ class MoELayer(nn.Module):
       fp8_block   float8_e4m3fn weights; w13_scale [E_loc, ceil(2I/128), ceil(H/128)],
                   w2_scale [E_loc, ceil(H/128), ceil(I/128)] (a checkpoint's *_scale_inv: they multiply)
       fp8_tensor  float8_e4m3fn weights; w13_scale [E_loc], w2_scale [E_loc]
-    fp8 takes no input_smooth or act_smooth. Tensors not given are allocated on `device` (default:
-    w13's): zeros, and ones for the scales and smooths.
+    fp8 takes no input_smooth or act_smooth. A layer with expert_bias (gpt-oss) holds w13_bias
+    [E_loc, N1] (gate then up) and w2_bias [E_loc, H], fp32, bf16 or fp16. Tensors not given are
+    allocated on `device` (default: w13's): zeros, and ones for the scales and smooths.
 
     forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
@@ -34,7 +35,8 @@ class MoELayer(nn.Module):
     def __init__(self, config: MoeConfig, w13: Optional[torch.Tensor] = None, w2: Optional[torch.Tensor] = None, *,
                  e_score_correction_bias: Optional[torch.Tensor] = None, w13_scale: Optional[torch.Tensor] = None,
                  w2_scale: Optional[torch.Tensor] = None, input_smooth: Optional[torch.Tensor] = None,
-                 act_smooth: Optional[torch.Tensor] = None, device=None):
+                 act_smooth: Optional[torch.Tensor] = None, w13_bias: Optional[torch.Tensor] = None,
+                 w2_bias: Optional[torch.Tensor] = None, device=None):
         super().__init__()
         if isinstance(config, str):
             config = MoeConfig.from_json(config)
@@ -70,11 +72,18 @@ class MoELayer(nn.Module):
             self.register_buffer(name, given(t, shape, torch.float32, 1.0)
                                  if name in quant_shapes or t is not None else None)
 
+        # Expert biases: exactly when the config has them (the op refuses one it would not add).
+        for name, t, shape in (("w13_bias", w13_bias, (E_loc, rows)), ("w2_bias", w2_bias, (E_loc, H))):
+            if t is not None and not config.expert_bias:
+                raise ValueError(f"moejit: {name} is given, but the config has no expert biases "
+                                 "(expert_bias false)")
+            self.register_buffer(name, given(t, shape, torch.float32) if config.expert_bias else None)
+
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         return torch.ops.moejit.moe_layer(hidden, router_logits, self.w13, self.w2, self.e_score_correction_bias,
                                           self.w13_scale, self.w2_scale, self.input_smooth, self.act_smooth,
-                                          residual, self._config_json)
+                                          residual, self._config_json, w13_bias=self.w13_bias, w2_bias=self.w2_bias)
 
     def route(self, router_logits: torch.Tensor):
         """(topk_weights [T, K] fp32, topk_ids [T, K] int32) of SPEC.md stage 1."""

@@ -70,6 +70,9 @@ const std::vector<FixtureCase>& fixture_cases() {
       {"kimi-k2", "kimi-k2", {{"quant", "none"}}},
       {"qwen3-next-80b-a3b", "qwen3-next-80b-a3b", {}},
       {"glm-4.5-air", "glm-4.5-air", {}},
+      // Published in MXFP4 (quant_method mxfp4, which moejit does not read): the bf16 layer.
+      {"gpt-oss-20b", "gpt-oss-20b", {{"quant", "none"}}},
+      {"gpt-oss-120b", "gpt-oss-120b", {{"quant", "none"}}},
   };
   return cases;
 }
@@ -446,6 +449,29 @@ TEST(HfConfig, GlmRoutesWithSigmoidAndBiasWithoutKeysForIt) {
   MoeConfig c = config_from_hf_json(j);
   EXPECT_EQ(c.scoring, Scoring::Sigmoid);
   EXPECT_EQ(c.topk_method, TopkMethod::NoauxTc);
+}
+
+TEST(HfConfig, GptOssHasTheClampedSwigluAndBiasesWhateverHiddenActSays) {
+  json j = read_json(hf_fixture("gpt-oss-20b"));
+  ASSERT_EQ(j.at("hidden_act"), "silu");
+  // Published in MXFP4, which moejit does not read: refused by name, readable with quant none.
+  expect_invalid([&] { config_from_hf_json(j); }, {"gpt_oss", "quantization_config.quant_method", "'mxfp4'"});
+  j.erase("quantization_config");
+  MoeConfig c = config_from_hf_json(j);
+  EXPECT_EQ(c.activation, Activation::SwigluOai);
+  EXPECT_TRUE(c.expert_bias);
+  EXPECT_TRUE(c.gated);
+  EXPECT_EQ(c.scoring, Scoring::Softmax);
+  EXPECT_TRUE(c.renormalize);
+  j["hidden_act"] = "gelu";  // GptOssExperts ignores it
+  j["swiglu_limit"] = 5.5;
+  c = config_from_hf_json(j);
+  EXPECT_EQ(c.activation, Activation::SwigluOai);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, 5.5);
+  // Overrides win, as for every family.
+  c = config_from_hf_json(j, {{"activation", "silu"}, {"expert_bias", "false"}});
+  EXPECT_EQ(c.activation, Activation::Silu);
+  EXPECT_FALSE(c.expert_bias);
 }
 
 TEST(HfConfig, TextConfigOfAMultimodalCheckpointIsRead) {

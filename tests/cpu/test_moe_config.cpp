@@ -1,5 +1,7 @@
 // MoeConfig basics: presets validate, fields round-trip through text and JSON.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -51,6 +53,37 @@ TEST(MoeConfig, JsonRoundTripKeepsEveryField) {
     c.weight_layout = WeightLayout::KN;
     EXPECT_EQ(config_from_json(to_json(c)), c) << name;
   }
+}
+
+TEST(MoeConfig, SwigluOaiAndExpertBiasRules) {
+  MoeConfig c = preset("gpt-oss-20b");
+  EXPECT_EQ(c.activation, Activation::SwigluOai);
+  EXPECT_TRUE(c.expert_bias);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, 7.0);
+  EXPECT_EQ(c.experts, 32);
+  EXPECT_EQ(c.topk, 4);
+  EXPECT_EQ(c.hidden, 2880);
+  EXPECT_EQ(c.moe_intermediate, 2880);
+  c.gated = false;
+  ASSERT_FALSE(validation_errors(c).empty());
+  EXPECT_NE(validation_errors(c).front().find("swigluoai is a gated activation"), std::string::npos);
+  c.gated = true;
+  for (double bad : {0.0, -1.0, double{INFINITY}, double{NAN}}) {
+    c.swiglu_limit = bad;
+    ASSERT_FALSE(validation_errors(c).empty()) << bad;
+    EXPECT_NE(validation_errors(c).front().find("swiglu_limit"), std::string::npos) << bad;
+  }
+  // A limit that is not an integer survives the JSON round trip (the format once printed doubles
+  // only for routed_scaling_factor).
+  c.swiglu_limit = 7.25;
+  c.expert_bias = false;
+  EXPECT_EQ(config_from_json(to_json(c)), c);
+  EXPECT_TRUE(to_json(c).at("expert_bias").is_boolean());
+  set_field(c, "activation", "swigluoai");
+  set_field(c, "expert_bias", "true");
+  set_field(c, "swiglu_limit", "5");
+  EXPECT_TRUE(c.expert_bias);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, 5.0);
 }
 
 TEST(MoeConfig, SetFieldParsesAliasesAndRejectsJunk) {

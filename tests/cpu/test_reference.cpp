@@ -1,6 +1,7 @@
 // The float64 CPU reference (tests/reference) against hand-computed values from SPEC.md.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -384,6 +385,63 @@ TEST(ReferenceExperts, NonGatedGeluForms) {
   ex = experts(c, 1, {1.0}, {0}, {1.0}, wt, {});
   EXPECT_NEAR(ex.act[0], 0.8411919906082768, 1e-15);
   EXPECT_NEAR(ex.act[1], -0.15428599017485606, 1e-15);
+}
+
+// gpt-oss: w13_bias before the clamped SwiGLU, w2_bias before the combine weight, by hand.
+TEST(ReferenceExperts, SwigluOaiWithBiasesByHand) {
+  MoeConfig c = small_config(1, 1);
+  c.hidden = 1;
+  c.moe_intermediate = 3;
+  c.activation = Activation::SwigluOai;
+  c.swiglu_limit = 7.0;
+  c.expert_bias = true;
+  Weights wt;
+  wt.w13 = {2, -1, 10, 0.5, 20, -20};  // [N1 = 6, H = 1]: gate rows, then up rows
+  wt.w2 = {1, 1, 1};                   // [H = 1, I = 3]
+  wt.w13_bias = {0.5, 0, 0, 0.25, 0, 0};
+  wt.w2_bias = {3};
+  const double x = 1.5, w = 0.5;
+  Experts ex = experts(c, 1, {x}, {0}, {w}, wt, {});
+  auto swiglu = [](double gate, double up) {
+    const double g = std::min(gate, 7.0), u = std::clamp(up, -7.0, 7.0);
+    return (u + 1) * g / (1 + std::exp(-1.702 * g));
+  };
+  const double a0 = swiglu(2 * x + 0.5, 0.5 * x + 0.25), a1 = swiglu(-x, 20 * x), a2 = swiglu(10 * x, -20 * x);
+  EXPECT_NEAR(ex.act[0], a0, 1e-14);
+  EXPECT_NEAR(ex.act[1], a1, 1e-14);                        // up clamped to 7
+  EXPECT_NEAR(ex.act[2], a2, 1e-14);                        // gate clamped to 7, up to -7
+  EXPECT_NEAR(ex.act[2], -6 * 7 / (1 + std::exp(-1.702 * 7)), 1e-13);
+  EXPECT_NEAR(ex.y[0], a0 + a1 + a2 + 3, 1e-13);            // + w2_bias
+  EXPECT_NEAR(ex.out[0], w * (a0 + a1 + a2 + 3), 1e-13);
+  // Tensor-parallel rank 1 leaves w2_bias to rank 0 (the ranks' outputs are summed).
+  c.tp_size = 2;
+  c.tp_rank = 1;
+  c.moe_intermediate = 6;
+  ex = experts(c, 1, {x}, {0}, {w}, wt, {});
+  EXPECT_NEAR(ex.y[0], a0 + a1 + a2, 1e-13);
+  // The biases are required exactly when the config has them.
+  c.tp_size = 1;
+  c.tp_rank = 0;
+  c.moe_intermediate = 3;
+  c.expert_bias = false;
+  EXPECT_THROW(experts(c, 1, {x}, {0}, {w}, wt, {}), std::invalid_argument);
+  wt.w13_bias.clear();
+  wt.w2_bias.clear();
+  EXPECT_NO_THROW(experts(c, 1, {x}, {0}, {w}, wt, {}));
+}
+
+// NaN in gate or up stays NaN (torch.clamp keeps it), in that token's row only.
+TEST(ReferenceExperts, SwigluOaiKeepsNaN) {
+  MoeConfig c = small_config(1, 1);
+  c.hidden = 1;
+  c.moe_intermediate = 1;
+  c.activation = Activation::SwigluOai;
+  Weights wt;
+  wt.w13 = {1, 1};
+  wt.w2 = {1};
+  Experts ex = experts(c, 2, {NAN, 1.0}, {0, 0}, {1.0, 1.0}, wt, {});
+  EXPECT_TRUE(std::isnan(ex.out[0]));
+  EXPECT_TRUE(std::isfinite(ex.out[1]));
 }
 
 std::vector<double> random_vector(std::mt19937& rng, size_t n, double lo, double hi, bool integer = false) {

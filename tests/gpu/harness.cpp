@@ -352,6 +352,11 @@ WeightGen weight_gen(const Problem& p, Tensor t, int global_expert) {
       g.lo = 0.5;
       g.hi = 2.0;
       return g;
+    // Expert biases (expert_bias) of the GEMM outputs' size, so a missing or misplaced bias is
+    // far off: U(-1, 1).
+    case Tensor::W13Bias:
+    case Tensor::W2Bias:
+      return g;
     default:
       break;
   }
@@ -425,6 +430,10 @@ int64_t expert_elems(const MoeConfig& c, Tensor t) {
       return per_expert(quant_tensor_shapes(c).w2_scale);
     case Tensor::ActSmooth:
       return per_expert(quant_tensor_shapes(c).act_smooth);
+    case Tensor::W13Bias:
+      return c.expert_bias ? N1 : 0;
+    case Tensor::W2Bias:
+      return c.expert_bias ? H : 0;
     default:
       return 0;
   }
@@ -496,6 +505,10 @@ reference::Weights reference_weights(const Problem& p) {
     fill(w.w13_scale, Tensor::W13Scale);
     fill(w.w2_scale, Tensor::W2Scale);
   }
+  if (c.expert_bias) {
+    fill(w.w13_bias, Tensor::W13Bias);
+    fill(w.w2_bias, Tensor::W2Bias);
+  }
   return w;
 }
 
@@ -513,6 +526,8 @@ LayerInputs DeviceInputs::inputs() const {
   in.input_smooth = input_smooth.as<float>();
   in.act_smooth = act_smooth.as<float>();
   in.residual = residual.get();
+  in.w13_bias = w13_bias.as<float>();
+  in.w2_bias = w2_bias.as<float>();
   return in;
 }
 
@@ -559,6 +574,10 @@ DeviceInputs upload(const Problem& p) {
   if (p.fp8()) {
     d.w13_scale = upload_weight(p, Tensor::W13Scale);
     d.w2_scale = upload_weight(p, Tensor::W2Scale);
+  }
+  if (p.config.expert_bias) {
+    d.w13_bias = upload_weight(p, Tensor::W13Bias);
+    d.w2_bias = upload_weight(p, Tensor::W2Bias);
   }
   return d;
 }
@@ -891,10 +910,18 @@ ReferenceExperts reference_experts(const Problem& p, const std::vector<int64_t>&
       compact.w13_scale.resize(u * s13);
       compact.w2_scale.resize(u * s2);
     }
+    if (c.expert_bias) {
+      compact.w13_bias.resize(u * N1);
+      compact.w2_bias.resize(u * H);
+    }
     parallel_for(u, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) {
         expert_doubles(p, Tensor::W13, used[k], compact.w13.data() + k * N1 * H);
         expert_doubles(p, Tensor::W2, used[k], compact.w2.data() + k * H * I);
+        if (c.expert_bias) {
+          expert_doubles(p, Tensor::W13Bias, used[k], compact.w13_bias.data() + k * N1);
+          expert_doubles(p, Tensor::W2Bias, used[k], compact.w2_bias.data() + k * H);
+        }
         if (p.fp8()) {
           expert_doubles(p, Tensor::W13Scale, used[k], compact.w13_scale.data() + k * s13);
           expert_doubles(p, Tensor::W2Scale, used[k], compact.w2_scale.data() + k * s2);

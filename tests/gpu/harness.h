@@ -61,7 +61,9 @@ class Seeds {
 
 // ---------------------------------------------------------------------------------------------
 // One problem: a config (with its expert-parallel rank), a token count and every input.
-enum class Tensor : uint64_t { Hidden = 1, Logits, Residual, Bias, W13, W2, W13Scale, W2Scale, InputSmooth, ActSmooth };
+enum class Tensor : uint64_t {
+  Hidden = 1, Logits, Residual, Bias, W13, W2, W13Scale, W2Scale, InputSmooth, ActSmooth, W13Bias, W2Bias
+};
 
 struct ProblemOptions {
   bool residual = false;
@@ -129,7 +131,7 @@ reference::Weights reference_weights(const Problem& p);
 // ---------------------------------------------------------------------------------------------
 // Device side.
 struct DeviceInputs {
-  DeviceBuffer hidden, logits, residual, bias, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth;
+  DeviceBuffer hidden, logits, residual, bias, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias;
   LayerInputs inputs() const;
 };
 DeviceInputs upload(const Problem& p);

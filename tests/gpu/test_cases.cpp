@@ -131,6 +131,12 @@ RandomCase random_case(int i) {
     c.quant = w8a8 ? Quant::W8A8Int8 : fp8 ? fp8_quant : Quant::None;
     c.activation = pick(kActivations);
     c.gated = coin(0.75);
+    // gpt-oss's clamped SwiGLU (gated only) with limits from tight to loose, and expert biases.
+    if (c.gated && coin(0.2)) {
+      c.activation = Activation::SwigluOai;
+      c.swiglu_limit = coin(0.5) ? 7.0 : pick(kScales);
+    }
+    c.expert_bias = coin(0.25);
     c.weight_layout = coin(0.5) ? WeightLayout::NK : WeightLayout::KN;
     if (fp8) c.weight_layout = WeightLayout::NK;  // the only fp8 layout
     c.ep_size = ep_size;

@@ -221,6 +221,26 @@ TEST(Sanitize, Fp8BlockSimt) {
   sanitize_config(c, {7, 40}, true);
 }
 
+// gpt-oss's expert biases and clamped SwiGLU (a tight limit, so that both clamps bite) on every GEMM
+// kind: mma.sync at decode, wgmma at mid and prefill (tensor_core_config's shape, 513..664 and
+// 665+ buckets), the SIMT template (H not a multiple of 8), fp8 and int8 (biases after the scales).
+TEST(Sanitize, SwigluOaiBiases) {
+  MoeConfig c = tensor_core_config();
+  c.activation = Activation::SwigluOai;
+  c.swiglu_limit = 0.5;
+  c.expert_bias = true;
+  sanitize_config(c, {5, 90, 1000}, true);
+  c.hidden = 203;
+  sanitize_config(c, {7}, false);
+  for (Quant q : {Quant::Fp8Block, Quant::W8A8Int8}) {
+    MoeConfig e = eight_bit_config(q);
+    e.activation = Activation::SwigluOai;
+    e.swiglu_limit = 0.5;
+    e.expert_bias = true;
+    sanitize_config(e, {7, 700}, false);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Presets.
 class Presets : public ::testing::TestWithParam<PresetCase> {};

@@ -152,7 +152,8 @@ TEST(IluLayer, GeluVariantsAndNonGated) {
   };
   uint64_t seed = 400;
   for (Variant v : {Variant{Activation::Gelu, true}, Variant{Activation::GeluTanh, true},
-                    Variant{Activation::Silu, false}, Variant{Activation::Gelu, false}}) {
+                    Variant{Activation::Silu, false}, Variant{Activation::Gelu, false},
+                    Variant{Activation::SwigluOai, true}}) {
     MoeConfig c = small_preset("mixtral-8x7b", DType::BF16);
     c.activation = v.activation;
     c.gated = v.gated;
@@ -215,6 +216,7 @@ TEST(IluLayer, RefusesWhatIxformerCannotComputeByName) {
       {"expert parallel", [](MoeConfig& c) { c.ep_size = 2; }},
       {"dtype fp32", [](MoeConfig& c) { c.dtype = c.router_dtype = DType::FP32; }},
       {"weight_layout kn", [](MoeConfig& c) { c.weight_layout = WeightLayout::KN; }},
+      {"expert_bias", [](MoeConfig& c) { c.expert_bias = true; }},
   };
   for (const auto& r : refusals) {
     SCOPED_TRACE(r.what);

@@ -74,8 +74,20 @@ double activation(Activation kind, double x) {
       const double c = std::sqrt(2.0 / std::numbers::pi);
       return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
     }
+    case Activation::SwigluOai:
+      break;  // gated only: gated_activation
   }
-  throw std::invalid_argument("moejit reference: unknown activation");
+  throw std::invalid_argument("moejit reference: activation of one value for a gated-only activation");
+}
+
+// A gated activation from one column's gate and up values: act(gate) * up, or swigluoai's
+// (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit).
+double gated_activation(const MoeConfig& config, double gate, double up) {
+  if (config.activation != Activation::SwigluOai) return activation(config.activation, gate) * up;
+  const double limit = config.swiglu_limit;
+  const double g = std::isnan(gate) ? gate : std::min(gate, limit);
+  const double u = std::isnan(up) ? up : std::clamp(up, -limit, limit);
+  return (u + 1.0) * g * sigmoid(kSwigluOaiAlpha * g);
 }
 
 // out[r, n] = sum_k a[r, k] * W(n, k) for r < rows, n < n_out, k < kd.
@@ -255,6 +267,10 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
   require_size("w13", weights.w13.size(), e_loc * N1 * H);
   require_size("w2", weights.w2.size(), e_loc * H * I);
   if (!residual.empty()) require_size("residual", residual.size(), tokens * H);
+  require_size("w13_bias", weights.w13_bias.size(), config.expert_bias ? e_loc * N1 : 0);
+  require_size("w2_bias", weights.w2_bias.size(), config.expert_bias ? e_loc * H : 0);
+  // The tensor-parallel ranks' GEMM 2 outputs are summed: rank 0 adds the bias.
+  const bool add_w2_bias = config.expert_bias && config.tp_rank == 0;
   if (w8a8) {
     require_size("w13_scale", weights.w13_scale.size(), e_loc * N1);
     require_size("w2_scale", weights.w2_scale.size(), e_loc * H);
@@ -325,14 +341,17 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
         for (int64_t n = 0; n < N1; ++n) g1[r * N1 + n] = g1[r * N1 + n] * sa[r] * ws[n];
     }
 
+    if (config.expert_bias) {
+      const double* b = weights.w13_bias.data() + l * N1;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = 0; n < N1; ++n) g1[r * N1 + n] += b[n];
+    }
+
     // Activation.
     for (int64_t r = 0; r < rows; ++r) {
       const double* gr = g1.data() + r * N1;
-      for (int64_t i = 0; i < I; ++i) {
-        double v = activation(config.activation, gr[i]);
-        if (config.gated) v *= gr[I + i];
-        act[r * I + i] = v;
-      }
+      for (int64_t i = 0; i < I; ++i)
+        act[r * I + i] = config.gated ? gated_activation(config, gr[i], gr[I + i]) : activation(config.activation, gr[i]);
     }
     if (w8a8) {
       const double* smooth = weights.act_smooth.data() + l * I;
@@ -355,6 +374,11 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
       const double* ws = weights.w2_scale.data() + l * H;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t h = 0; h < H; ++h) y[r * H + h] = y[r * H + h] * sact[r] * ws[h];
+    }
+    if (add_w2_bias) {
+      const double* b = weights.w2_bias.data() + l * H;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < H; ++h) y[r * H + h] += b[h];
     }
   }
 

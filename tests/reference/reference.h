@@ -44,6 +44,8 @@ struct Weights {
                                      // fp8_tensor [E_loc]
   std::vector<double> input_smooth;  // [E, H]       (w8a8)
   std::vector<double> act_smooth;    // [E_loc, I]   (w8a8)
+  std::vector<double> w13_bias;      // [E_loc, N1]  (expert_bias): added to GEMM 1 before the activation
+  std::vector<double> w2_bias;       // [E_loc, H]   (expert_bias): added to GEMM 2, tensor-parallel rank 0 only
 };
 
 // Stages 3-6 given a routing (so GEMM checks do not depend on routing ties).
