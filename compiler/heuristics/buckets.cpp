@@ -23,10 +23,11 @@ std::vector<TokenBucket> plan_buckets(const LayerSpec& c, const std::string& arc
                                      {BucketKind::Mid, 33, 512, kMidTokens, kMidTokens},
                                      {BucketKind::Prefill, 513, kLast, kPrefillTokens, kPrefillTokens}};
   const bool eight_bit = operand_bytes(c) == 1;
-  // 8-bit weights take tensor cores through wgmma (sm_90a). mma_gemm.cuh's 8-bit mma.sync (int8
-  // from sm_80, e4m3 from sm_89) is reachable through MOEJIT_TILES ("tc:" tiles) but has not run on
-  // a GPU yet (bench/RESULTS.md, 2026-12-03): until it has, the planner keeps SIMT elsewhere.
-  const bool tensor_core = tensor_core_eligible(c) && (!eight_bit || wgmma_arch(arch));
+  // 8-bit weights take tensor cores through wgmma on sm_90a and mma.sync elsewhere (mma_gemm.cuh:
+  // int8 from sm_80, e4m3 from sm_89; fp8 before sm_89 stays on SIMT, which dequantizes as it
+  // loads). The mma.sync tiles ran on the H200 through overrides (bench/RESULTS.md, 2026-12-03).
+  const bool tensor_core =
+      tensor_core_eligible(c) && (!eight_bit || wgmma_arch(arch) || !is_fp8(c.quant) || fp8_mma_arch(arch));
   const bool wgmma = tensor_core && wgmma_arch(arch);
   if (wgmma && !eight_bit) {
     std::vector<BucketRange> prefill = sm90_prefill_ranges(c);

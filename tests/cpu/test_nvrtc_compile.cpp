@@ -46,11 +46,12 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (const auto& preset : preset_names())
     for (const char* arch : {"sm_80", "sm_90a"}) out.push_back({preset, arch});
-  // The quantized layers change the expand, both GEMMs (wgmma on 8-bit operands on sm_90a, SIMT
-  // elsewhere) and add the re-quantization.
+  // The quantized layers change the expand, both GEMMs (wgmma on 8-bit operands on sm_90a, mma.sync
+  // for int8 from sm_80 and fp8 from sm_89, SIMT for fp8 on sm_80) and add the re-quantization.
   for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
     for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3"}) out.push_back({preset, "sm_90a", q});
     out.push_back({"mixtral-8x7b", "sm_80", q});
+    out.push_back({"glm-4.5-air", "sm_89", q});
   }
   return out;
 }

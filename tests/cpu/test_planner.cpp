@@ -167,10 +167,10 @@ TEST(Planner, TensorCoreGemmsWhereTheyApplySimtElsewhere) {
   }
 }
 
-// 8-bit weights: wgmma in every bucket on sm_90a (row tiles of 64 at least), SIMT where wgmma is
-// not (the 8-bit mma.sync tiles have not run on a GPU yet), and SIMT when rows do not split into
-// 16-byte chunks.
-TEST(Planner, EightBitWeightsTakeWgmmaOnHopperSimtElsewhere) {
+// 8-bit weights: wgmma in every bucket on sm_90a (row tiles of 64 at least), mma.sync elsewhere
+// where the arch has the instruction (int8 from sm_80, e4m3 from sm_89), SIMT for fp8 on sm_80 and
+// when rows do not split into 16-byte chunks.
+TEST(Planner, EightBitWeightsTakeWgmmaOnHopperMmaSyncElsewhere) {
   for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
     for (const auto& name : preset_names()) {
       MoeConfig c = preset(name);
@@ -186,7 +186,15 @@ TEST(Planner, EightBitWeightsTakeWgmmaOnHopperSimtElsewhere) {
           EXPECT_EQ(tile_problem(c, t == &b.gemm1, *t, "sm_90a"), "");
         }
       }
-      for (const auto& b : plan_buckets(c, "sm_80")) EXPECT_EQ(b.gemm1.kernel, GemmKernel::Simt);
+      for (const char* arch : {"sm_80", "sm_89"}) {
+        const bool mma = q == Quant::W8A8Int8 || std::string(arch) == "sm_89";
+        for (const auto& b : plan_buckets(c, arch)) {
+          for (const TileShape* t : {&b.gemm1, &b.gemm2}) {
+            EXPECT_EQ(t->kernel, mma ? GemmKernel::TensorCore : GemmKernel::Simt) << arch;
+            EXPECT_EQ(tile_problem(c, t == &b.gemm1, *t, arch), "") << arch << " " << describe(*t);
+          }
+        }
+      }
     }
     MoeConfig odd = preset("qwen3-30b-a3b");
     odd.quant = q;

@@ -18,6 +18,7 @@
 #include "cache/kernel_cache.h"
 #include "compiler/families/grouped_gemm.h"
 #include "compiler/layer_compiler.h"
+#include "compiler/planner.h"
 #include "harness.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
@@ -208,6 +209,29 @@ TEST(Sanitize, Fp8BlockMma) { sanitize_config(eight_bit_config(Quant::Fp8Block),
 
 TEST(Sanitize, Fp8TensorMma) {
   sanitize_config(eight_bit_config(Quant::Fp8Tensor), {7, 40, 700}, false, eight_bit_mma_tiles());
+}
+
+// The tiles the planner gives 8-bit layers on the archs where they run on mma.sync (int8 from
+// sm_80, fp8 from sm_89), each bucket's, run here through tile overrides (an sm_80 cubin does not
+// load on sm_90): 16-, 32-, 64- and 128-row tiles over two configs (E = 8, K = 2 and E = 32,
+// K = 4), T in every bucket.
+TEST(Sanitize, EightBitMmaPlannedTiles) {
+  for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
+    for (auto [experts, topk] : {std::pair{8, 2}, std::pair{32, 4}}) {
+      MoeConfig c = eight_bit_config(q);
+      c.experts = experts;
+      c.topk = topk;
+      const Plan plan = make_plan(c, q == Quant::W8A8Int8 ? "sm_80" : "sm_89");
+      LayerOptions options;
+      for (const TokenBucket& b : plan.buckets) {
+        ASSERT_EQ(b.gemm1.kernel, GemmKernel::TensorCore) << b.name();
+        options.tiles.push_back({std::string(b.name()), true, b.gemm1});
+        options.tiles.push_back({std::string(b.name()), false, b.gemm2});
+      }
+      SCOPED_TRACE(fmt::format("quant {} E {} K {}", to_string(q), experts, topk));
+      sanitize_config(c, {7, 40, 700}, q != Quant::Fp8Tensor, options);
+    }
+  }
 }
 
 // fp8 on the SIMT template (H not a multiple of 16), fp16, non-gated GELU.
