@@ -88,6 +88,10 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
   reference::Weights w;
   w.w13 = uniform(c.local_experts() * N1 * H, 1.0 / std::sqrt(double(H)), rng);
   w.w2 = uniform(c.local_experts() * H * I, 1.0 / std::sqrt(double(I)), rng);
+  if (c.expert_bias) {  // gpt-oss
+    w.w13_bias = uniform(c.local_experts() * N1, 1.0, rng);
+    w.w2_bias = uniform(c.local_experts() * H, 1.0, rng);
+  }
 
   DeviceBuffer d_hidden(to_device_bytes(hidden, c.dtype));
   DeviceBuffer d_logits(to_device_bytes(logits, c.router_dtype));
@@ -96,6 +100,8 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
   std::vector<char> bias_bytes;
   if (!bias.empty()) bias_bytes = to_device_bytes(bias, DType::FP32);
   DeviceBuffer d_bias(bias_bytes);
+  DeviceBuffer d_w13_bias(c.expert_bias ? to_device_bytes(w.w13_bias, DType::FP32) : std::vector<char>{});
+  DeviceBuffer d_w2_bias(c.expert_bias ? to_device_bytes(w.w2_bias, DType::FP32) : std::vector<char>{});
   const size_t out_bytes = tokens * H * dtype_bytes(c.dtype);
   DeviceBuffer d_out(out_bytes);
   const size_t ws_bytes = layer->workspace_bytes(tokens);
@@ -107,6 +113,10 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
   in.w13 = d_w13.ptr;
   in.w2 = d_w2.ptr;
   if (!bias.empty()) in.e_score_correction_bias = static_cast<const float*>(d_bias.ptr);
+  if (c.expert_bias) {
+    in.w13_bias = static_cast<const float*>(d_w13_bias.ptr);
+    in.w2_bias = static_cast<const float*>(d_w2_bias.ptr);
+  }
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));

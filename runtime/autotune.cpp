@@ -144,9 +144,12 @@ TuneReport autotune(const MoeConfig& config, int device) {
   const int64_t elem = dtype_bytes(config.dtype);
   const int64_t e_loc = config.local_experts(), inter = config.local_intermediate();
   const int64_t w13_rows = (config.gated ? 2 : 1) * inter;
+  // Zero expert biases (expert_bias), one buffer for both GEMMs' [E_loc, N1] and [E_loc, H].
+  const int64_t expert_bias_bytes = config.expert_bias ? e_loc * std::max(w13_rows, config.hidden) * 4 : 4;
   DeviceBuffer hidden(tokens_needed * config.hidden * elem), logits(tokens_needed * config.experts * dtype_bytes(config.router_dtype)),
       w13(e_loc * w13_rows * config.hidden * elem), w2(e_loc * config.hidden * inter * elem),
       bias(config.experts * 4), out(tokens_needed * config.hidden * elem),
+      expert_bias(expert_bias_bytes),
       workspace(workspace_offsets(config, tokens_needed).total_bytes);
   // A small constant in every 16-bit (bf16 or fp16) operand; zero correction bias.
   const unsigned short small = config.dtype == DType::BF16 ? 0x3c00 : 0x2000;
@@ -154,6 +157,7 @@ TuneReport autotune(const MoeConfig& config, int device) {
   check_cuda(d.memset_d16(w13.ptr(), small, static_cast<size_t>(e_loc * w13_rows * config.hidden)), "cuMemsetD16");
   check_cuda(d.memset_d16(w2.ptr(), small, static_cast<size_t>(e_loc * config.hidden * inter)), "cuMemsetD16");
   check_cuda(d.memset_d16(bias.ptr(), 0, static_cast<size_t>(config.experts * 2)), "cuMemsetD16");
+  check_cuda(d.memset_d16(expert_bias.ptr(), 0, static_cast<size_t>(expert_bias_bytes / 2)), "cuMemsetD16");
   std::mt19937 rng(20261130);
   const std::string host_logits = random_logits(config.router_dtype, tokens_needed * config.experts, rng);
   check_cuda(d.memcpy_htod(logits.ptr(), host_logits.data(), host_logits.size()), "cuMemcpyHtoD");
@@ -164,6 +168,7 @@ TuneReport autotune(const MoeConfig& config, int device) {
   in.w13 = w13.get();
   in.w2 = w2.get();
   if (config.topk_method == TopkMethod::NoauxTc) in.e_score_correction_bias = static_cast<const float*>(bias.get());
+  if (config.expert_bias) in.w13_bias = in.w2_bias = static_cast<const float*>(expert_bias.get());
 
   for (const auto& b : plan.buckets) {
     const auto candidates = tile_candidates(config, b, report.arch);
