@@ -109,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, co
   at::Tensor logits = router_logits.to(at::kFloat).contiguous();
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options());
   at::Tensor ids = at::empty({tokens, c.topk}, logits.options().dtype(at::kInt));
-  const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
+  const std::optional<at::Tensor> bias32 = layer_float32(bias);
   const float* b = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
   // The one CPU routing (common/cpu_routing.h) in fp32, as the GPU kernel computes it.
   cpu_route_tokens<float>(routing_rule(c), tokens, logits.data_ptr<float>(), b, weights.data_ptr<float>(),
@@ -126,8 +126,8 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   const MoeConfig& c = parse_config(config);
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   // fp32 biases; GEMM 2's on tensor-parallel rank 0 only (the ranks' outputs are summed).
-  const std::optional<at::Tensor> b13 = layer_expert_bias(w13_bias);
-  const std::optional<at::Tensor> b2 = c.tp_rank == 0 ? layer_expert_bias(w2_bias) : std::nullopt;
+  const std::optional<at::Tensor> b13 = layer_float32(w13_bias);
+  const std::optional<at::Tensor> b2 = c.tp_rank == 0 ? layer_float32(w2_bias) : std::nullopt;
   const int64_t tokens = hidden.size(0), K = c.topk, H = c.hidden, I = c.local_intermediate();
   const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
   const at::ScalarType dtype = scalar_type(c.dtype);

@@ -23,11 +23,10 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
                           const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias,
                           const std::optional<at::Tensor>& w2_bias);
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias);
-// The callers' routing tensors in the dtypes the layer takes (checked, then converted on their
-// device): the correction bias fp32, topk_ids int32 [tokens, K], topk_weights fp32 [tokens, K].
-std::optional<at::Tensor> layer_correction_bias(const std::optional<at::Tensor>& bias);
-// The expert biases (checked by check_expert_tensors) as fp32.
-std::optional<at::Tensor> layer_expert_bias(const std::optional<at::Tensor>& bias);
+// The callers' tensors in the dtypes the layer takes (checked, then converted on their device):
+// the correction bias and the expert biases fp32 (layer_float32; None stays None), topk_ids int32
+// [tokens, K], topk_weights fp32 [tokens, K].
+std::optional<at::Tensor> layer_float32(const std::optional<at::Tensor>& t);
 at::Tensor layer_topk_ids(const MoeConfig& c, const at::Tensor& ids, int64_t tokens);
 at::Tensor layer_topk_weights(const MoeConfig& c, const at::Tensor& weights, int64_t tokens);
 

@@ -8,9 +8,8 @@
 //   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
 //                   act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out     stages 2-6
-//   (topk_ids int32 or int64, topk_weights, the correction bias and the expert biases (gpt-oss)
-//   fp32, bf16 or fp16: converted on
-//   the device, asynchronously)
+//   (topk_ids int32 or int64; topk_weights, the correction bias and the expert biases (gpt-oss)
+//   fp32, bf16 or fp16: converted on the device, asynchronously)
 //   moejit::compile(config, device) -> str                                build + load at model load
 //   moejit::hf_activations() -> str                                       HF hidden_act -> activation (JSON)
 //   moejit::load_experts(model_dir, layer, overrides) -> {name: tensor}   checkpoint_ops.cpp
@@ -209,14 +208,9 @@ void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const s
 
 // What callers have, in the dtypes the layer takes. Each conversion is an ATen kernel on the
 // tensor's device and the current stream: asynchronous, no host sync, capturable in a CUDA graph.
-std::optional<at::Tensor> layer_correction_bias(const std::optional<at::Tensor>& bias) {
-  if (!bias.has_value() || bias->scalar_type() == at::kFloat) return bias;
-  return bias->to(at::kFloat);
-}
-
-std::optional<at::Tensor> layer_expert_bias(const std::optional<at::Tensor>& bias) {
-  if (!bias.has_value() || bias->scalar_type() == at::kFloat) return bias;
-  return bias->to(at::kFloat);
+std::optional<at::Tensor> layer_float32(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || t->scalar_type() == at::kFloat) return t;
+  return t->to(at::kFloat);
 }
 
 at::Tensor layer_topk_ids(const MoeConfig& c, const at::Tensor& ids, int64_t tokens) {
@@ -298,11 +292,11 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   const int64_t tokens = hidden.size(0);
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
-  const std::optional<at::Tensor> w13_bias32 = layer_expert_bias(w13_bias), w2_bias32 = layer_expert_bias(w2_bias);
+  const std::optional<at::Tensor> w13_bias32 = layer_float32(w13_bias), w2_bias32 = layer_float32(w2_bias);
   LayerInputs in =
       expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
   in.router_logits = logits.data_ptr();
-  const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
+  const std::optional<at::Tensor> bias32 = layer_float32(bias);
   in.e_score_correction_bias = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   run_layer([&] { layer.forward(stream, tokens, in, out.data_ptr(), workspace.data_ptr(), workspace.numel()); });
@@ -320,7 +314,7 @@ std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const st
   at::Tensor weights = at::empty({tokens, c.topk}, logits.options().dtype(at::kFloat));
   at::Tensor ids = at::empty({tokens, c.topk}, logits.options().dtype(at::kInt));
   void* stream = at::cuda::getCurrentCUDAStream().stream();
-  const std::optional<at::Tensor> bias32 = layer_correction_bias(bias);
+  const std::optional<at::Tensor> bias32 = layer_float32(bias);
   run_layer([&] {
     layer.route(stream, tokens, logits.data_ptr(), bias32.has_value() ? bias32->data_ptr<float>() : nullptr,
                 weights.data_ptr<float>(), ids.data_ptr<int>());
@@ -345,7 +339,7 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
   const Layer& layer = layer_for(entry, hidden.device());
   at::Tensor out = at::empty_like(hidden);
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
-  const std::optional<at::Tensor> w13_bias32 = layer_expert_bias(w13_bias), w2_bias32 = layer_expert_bias(w2_bias);
+  const std::optional<at::Tensor> w13_bias32 = layer_float32(w13_bias), w2_bias32 = layer_float32(w2_bias);
   LayerInputs in =
       expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
   void* stream = at::cuda::getCurrentCUDAStream().stream();

@@ -24,8 +24,9 @@ class MoELayer(nn.Module):
                   w2_scale [E_loc, ceil(H/128), ceil(I/128)] (a checkpoint's *_scale_inv: they multiply)
       fp8_tensor  float8_e4m3fn weights; w13_scale [E_loc], w2_scale [E_loc]
     fp8 takes no input_smooth or act_smooth. A layer with expert_bias (gpt-oss) holds w13_bias
-    [E_loc, N1] (gate then up) and w2_bias [E_loc, H], fp32, bf16 or fp16. Tensors not given are
-    allocated on `device` (default: w13's): zeros, and ones for the scales and smooths.
+    [E_loc, N1] (gate then up) and w2_bias [E_loc, H] (given in fp32, bf16 or fp16; kept in fp32).
+    Tensors not given are allocated on `device` (default: w13's): zeros, and ones for the scales and
+    smooths.
 
     forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
@@ -77,7 +78,9 @@ class MoELayer(nn.Module):
             if t is not None and not config.expert_bias:
                 raise ValueError(f"moejit: {name} is given, but the config has no expert biases "
                                  "(expert_bias false)")
-            self.register_buffer(name, given(t, shape, torch.float32) if config.expert_bias else None)
+            # Kept in fp32, the layer's dtype for them, so that no call converts them again.
+            self.register_buffer(name, given(t, shape, torch.float32).to(torch.float32)
+                                 if config.expert_bias else None)
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -84,9 +84,10 @@ double activation(Activation kind, double x) {
 // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit).
 double gated_activation(const MoeConfig& config, double gate, double up) {
   if (config.activation != Activation::SwigluOai) return activation(config.activation, gate) * up;
+  // std::min and std::clamp return a NaN first argument as it is, as torch.clamp does.
   const double limit = config.swiglu_limit;
-  const double g = std::isnan(gate) ? gate : std::min(gate, limit);
-  const double u = std::isnan(up) ? up : std::clamp(up, -limit, limit);
+  const double g = std::min(gate, limit);
+  const double u = std::clamp(up, -limit, limit);
   return (u + 1.0) * g * sigmoid(kSwigluOaiAlpha * g);
 }
 
