@@ -827,6 +827,31 @@ TEST(ReferenceFp8, CloseToTheUnquantizedLayerOnTheDequantizedWeights) {
   }
 }
 
+// Expert biases are not quantized: the dequantized weights carry them, so the unquantized layer
+// over them (what the GPU tests compare fp8 layers with) adds the same biases.
+TEST(ReferenceFp8, DequantizedWeightsKeepTheExpertBiases) {
+  MoeConfig c = small_config(4, 2);
+  c.quant = Quant::Fp8Block;
+  c.hidden = 256;
+  c.moe_intermediate = 192;
+  c.expert_bias = true;
+  std::mt19937 rng(12);
+  Weights w = random_fp8_weights(c, rng);
+  w.w13_bias = random_vector(rng, 4 * c.gemm1_rows(), -1, 1);
+  w.w2_bias = random_vector(rng, 4 * c.hidden, -1, 1);
+  const Weights dw = dequantized_fp8(c, w);
+  EXPECT_EQ(dw.w13_bias, w.w13_bias);
+  EXPECT_EQ(dw.w2_bias, w.w2_bias);
+  const int64_t T = 5;
+  const std::vector<double> hidden = random_vector(rng, T * c.hidden, -1, 1);
+  const std::vector<double> logits = random_vector(rng, T * c.experts, -2, 2);
+  const Layer fp8_layer = layer(c, T, hidden, logits, {}, w, {});
+  MoeConfig plain = c;
+  plain.quant = Quant::None;
+  const Layer unquantized = layer(plain, T, hidden, logits, {}, dw, {});
+  EXPECT_LT(relative_error(unquantized.experts.out, fp8_layer.experts.out), 0.1);
+}
+
 TEST(ReferenceFp8, RejectsScaleTensorsOfTheWrongShape) {
   MoeConfig c = small_config(2, 1);
   c.quant = Quant::Fp8Block;

@@ -483,6 +483,9 @@ Weights dequantized_fp8(const MoeConfig& config, const Weights& weights) {
   Weights out;
   out.w13.resize(weights.w13.size());
   out.w2.resize(weights.w2.size());
+  // The expert biases are not quantized: the dequantized layer adds the same ones.
+  out.w13_bias = weights.w13_bias;
+  out.w2_bias = weights.w2_bias;
   for (int l = 0; l < e_loc; ++l) {
     dequantize_fp8_matrix(config.quant, weights.w13.data() + l * N1 * H, N1, H,
                           weights.w13_scale.data() + l * per_expert(shapes.w13_scale), out.w13.data() + l * N1 * H);
