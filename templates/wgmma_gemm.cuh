@@ -375,6 +375,9 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     edge[h] = static_cast<int>((first_block[h] + 1) * SCALE_ROWS - first_row);
   }
   const float* w_block_scales = BLOCK ? args.w_scale + expert * W_ROW_BLOCKS * A_GROUPS : nullptr;
+  // A tile never meets a block edge when BN divides the block height and N is a multiple of it (n0
+  // is a multiple of BN): one weight scale per half and k-tile, the select per column group gone.
+  constexpr bool ONE_BLOCK = BLOCK && SCALE_ROWS % BN == 0 && Spec::kN % SCALE_ROWS == 0;
 
   const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp on "empty"
   int slot = 0, round = 0, previous = STAGES - 1;  // kt % STAGES, kt / STAGES, (kt - 1) % STAGES
@@ -405,9 +408,15 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
 #pragma unroll
       for (int h = 0; h < HALVES; ++h) {
         block_scale[h][0] = first_block[h] < W_ROW_BLOCKS ? __ldg(w_block_scales + first_block[h] * A_GROUPS + kt) : 0.0f;
-        block_scale[h][1] =
-            edge[h] < BN && first_block[h] + 1 < W_ROW_BLOCKS ? __ldg(w_block_scales + (first_block[h] + 1) * A_GROUPS + kt) : 0.0f;
+        block_scale[h][1] = !ONE_BLOCK && edge[h] < BN && first_block[h] + 1 < W_ROW_BLOCKS
+                                ? __ldg(w_block_scales + (first_block[h] + 1) * A_GROUPS + kt)
+                                : 0.0f;
       }
+      float one_scale[HALVES][2];  // ONE_BLOCK: row scale x the half's weight scale
+#pragma unroll
+      for (int half = 0; half < HALVES; ++half)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) one_scale[half][h] = row_scale[h] * block_scale[half][0];
       wait<0>();  // k-tile kt's partial sums are complete, and its stage is read
       fence_accumulators(acc);
       if (arrives) barrier_arrive(empty + slot);
@@ -417,7 +426,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
         const float w_scale = column < edge[half] ? block_scale[half][0] : block_scale[half][1];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float scale = row_scale[h] * w_scale;
+          const float scale = ONE_BLOCK ? one_scale[half][h] : row_scale[h] * w_scale;
           total[4 * j + 2 * h] = fmaf(acc[4 * j + 2 * h], scale, total[4 * j + 2 * h]);
           total[4 * j + 2 * h + 1] = fmaf(acc[4 * j + 2 * h + 1], scale, total[4 * j + 2 * h + 1]);
         }
