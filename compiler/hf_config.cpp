@@ -439,6 +439,9 @@ MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
     bool nested_has_quant = k.has("quantization_config");
     map_quant(nested_has_quant ? k : Keys(j, "", model_type), nested_has_quant ? *src : j, c);
   }
+  // A model routes its tokens, so its own top-k must fit its experts (topk > experts serves only
+  // experts-only calls: a caller asks for that with an override). Other faults: validate's messages.
+  if (!is_set("topk") && !is_set("experts") && validation_errors(c).empty()) check_routable(c);
   return c;
 }
 

@@ -227,9 +227,9 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
   };
   check(c.experts >= 1 && c.experts <= kMaxExperts,
         fmt::format("experts: {} is out of range; allowed 1..{}", c.experts, kMaxExperts));
-  check(c.topk >= 1 && c.topk <= std::min(std::max(c.experts, 1), kMaxTopk),
-        fmt::format("topk: {} is out of range; allowed 1..min(experts, {}) = 1..{}", c.topk, kMaxTopk,
-                    std::min(std::max(c.experts, 1), kMaxTopk)));
+  // topk may exceed experts (a rank holding fewer experts than a token's pairs serves experts-only
+  // calls); routing needs topk distinct experts: routing_errors.
+  check(c.topk >= 1 && c.topk <= kMaxTopk, fmt::format("topk: {} is out of range; allowed 1..{}", c.topk, kMaxTopk));
   check(c.num_expert_group >= 1 && c.num_expert_group <= std::max(c.experts, 1),
         fmt::format("num_expert_group: {} is out of range; allowed 1..experts ({})", c.num_expert_group,
                     c.experts));
@@ -240,13 +240,6 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
     check(c.topk_group >= 1 && c.topk_group <= c.num_expert_group,
           fmt::format("topk_group: {} is out of range; allowed 1..num_expert_group ({})", c.topk_group,
                       c.num_expert_group));
-    if (c.experts % c.num_expert_group == 0 && c.topk_group >= 1 && c.topk_group <= c.num_expert_group) {
-      int allowed = c.topk_group * (c.experts / c.num_expert_group);
-      check(c.topk <= allowed,
-            fmt::format("topk: {} is more than the experts in the kept groups (topk_group {} x {} "
-                        "experts per group = {})",
-                        c.topk, c.topk_group, c.experts / c.num_expert_group, allowed));
-    }
     check(!(c.topk_method == TopkMethod::Greedy && c.num_expert_group > 1),
           fmt::format("topk_method: greedy ignores expert groups but num_expert_group is {}; use "
                       "group_limited_greedy or noaux_tc, or set num_expert_group 1",
@@ -309,6 +302,30 @@ QuantTensorShapes quant_tensor_shapes(const LayerSpec& c) {
   }
   return {};
 }
+
+std::vector<std::string> routing_errors(const MoeConfig& c) {
+  std::vector<std::string> errors;
+  const std::string use = "such a layer serves experts-only calls (the caller's topk_ids), not routing";
+  if (c.topk > c.experts) {
+    errors.push_back(fmt::format("topk: {} is more than experts ({}): routing picks topk distinct experts; {}", c.topk,
+                                 c.experts, use));
+  } else if (c.num_expert_group >= 1 && c.experts % c.num_expert_group == 0 && c.topk_group >= 1 &&
+             c.topk_group <= c.num_expert_group) {
+    const int allowed = c.topk_group * (c.experts / c.num_expert_group);
+    if (c.topk > allowed)
+      errors.push_back(fmt::format("topk: {} is more than the experts in the kept groups (topk_group {} x {} experts "
+                                   "per group = {}); {}",
+                                   c.topk, c.topk_group, c.experts / c.num_expert_group, allowed, use));
+  }
+  return errors;
+}
+
+void check_routable(const MoeConfig& config) {
+  auto errors = routing_errors(config);
+  if (!errors.empty()) throw InvalidInput(errors.front());
+}
+
+void check_routable(const LayerSpec& spec) { check_routable(at_placement(spec)); }
 
 void validate(const MoeConfig& config) {
   auto errors = validation_errors(config);

@@ -138,6 +138,13 @@ void validate(const LayerSpec& spec);
 // Every rule violation, in a fixed order; empty when the config is valid.
 std::vector<std::string> validation_errors(const MoeConfig& config);
 
+// What a valid config lacks for routing (route, forward): topk distinct experts to pick, within
+// the kept groups. Empty when it routes; a config that does not still serves experts-only calls.
+std::vector<std::string> routing_errors(const MoeConfig& config);
+// Throws InvalidInput with the first of routing_errors.
+void check_routable(const MoeConfig& config);
+void check_routable(const LayerSpec& spec);
+
 // Sets one field from text, as the CLI overrides and the moejit JSON format spell it
 // (e.g. "experts", "64"; "scoring", "sigmoid"). Throws InvalidInput for an unknown field or a
 // value that does not parse, naming the allowed values.

@@ -27,6 +27,7 @@ void check_tokens(const LayerSpec& c, int64_t tokens) {
 // With no tokens nothing per token is read or written, so those pointers may be null (an empty
 // torch tensor's data pointer is); the weights and scales are checked whatever the count.
 void check_routing_arguments(const LayerSpec& c, int64_t tokens, const void* logits, const float* bias) {
+  check_routable(c);
   check_tokens(c, tokens);
   if (tokens > 0) check_pointer(logits, "router_logits", static_cast<size_t>(dtype_bytes(c.router_dtype)));
   if (c.topk_method == TopkMethod::NoauxTc) check_pointer(bias, "e_score_correction_bias", 4);

@@ -192,7 +192,13 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
                       hidden.device(), " (hidden's device)");
 }
 
+void check_routable_config(const MoeConfig& c) {
+  const std::vector<std::string> unroutable = routing_errors(c);
+  TORCH_CHECK_VALUE(unroutable.empty(), "moejit: ", unroutable.empty() ? "" : unroutable.front());
+}
+
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias) {
+  check_routable_config(c);
   TORCH_CHECK_VALUE(logits.dim() == 2, "moejit: router_logits must be [tokens, ", c.experts, "], got ", logits.sizes());
   expect(logits, "router_logits", scalar_type(c.router_dtype), {logits.size(0), c.experts});
   const bool floating = !bias.has_value() || bias->scalar_type() == at::kFloat ||
@@ -384,6 +390,7 @@ at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at:
                           const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
                           const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
                           const std::optional<at::Tensor>& w2_bias) {
+  check_routable_config(parse_config(config_json));
   check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
              w2_bias);
   return at::empty_like(hidden);
@@ -392,6 +399,7 @@ at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at:
 std::tuple<at::Tensor, at::Tensor> route_meta(const at::Tensor& logits, const std::optional<at::Tensor>&,
                                               const std::string& config_json) {
   const MoeConfig& c = parse_config(config_json);
+  check_routable_config(c);
   return {at::empty({logits.size(0), c.topk}, logits.options().dtype(at::kFloat)),
           at::empty({logits.size(0), c.topk}, logits.options().dtype(at::kInt))};
 }
@@ -402,6 +410,7 @@ at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::T
                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
                         const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
                         const std::optional<at::Tensor>& w2_bias) {
+  check_routable_config(parse_config(config_json));
   check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
              w2_bias);
   return at::empty_like(hidden);

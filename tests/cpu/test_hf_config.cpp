@@ -217,6 +217,18 @@ TEST(HfConfig, NullCountsAsMissing) {
   expect_invalid([&] { config_from_hf_json(j); }, {"glm4_moe", "'hidden_size' is missing"});
 }
 
+// A model routes: num_experts_per_tok above its experts is refused by name; an override asks for an
+// experts-only layer of that shape on purpose.
+TEST(HfConfig, ModelTopkAboveItsExpertsIsRefusedUnlessOverridden) {
+  json m = read_json(hf_fixture("mixtral-8x7b"));
+  m["num_experts_per_tok"] = 9;
+  expect_invalid([&] { config_from_hf_json(m); }, {"topk: 9 is more than experts (8)"});
+  const MoeConfig c = config_from_hf_json(read_json(hf_fixture("mixtral-8x7b")), {{"topk", "9"}});
+  EXPECT_EQ(c.topk, 9);
+  EXPECT_TRUE(validation_errors(c).empty());
+  EXPECT_FALSE(routing_errors(c).empty());
+}
+
 TEST(HfConfig, WrongTypeNamesTheKeyTheFamilyAndTheValue) {
   json q = read_json(hf_fixture("qwen3-30b-a3b"));
   q["num_experts"] = "128";

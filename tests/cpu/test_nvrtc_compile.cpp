@@ -86,6 +86,27 @@ TEST_P(EveryPreset, EveryUnitCompilesToCubinWithItsEntryPoints) {
 
 INSTANTIATE_TEST_SUITE_P(Nvrtc, EveryPreset, testing::ValuesIn(cases()), case_name);
 
+// A layer with more top-k slots than experts (a rank holding fewer experts than a token's pairs)
+// serves experts-only calls: every unit still compiles lean for it (its routing kernels too, which
+// the runtime never launches for it: check_routable refuses route and forward).
+TEST(Nvrtc, TopkAboveExpertsCompiles) {
+  MoeConfig c = preset("qwen3-30b-a3b");
+  c.experts = 3;
+  c.topk = 8;
+  c.hidden = 520;
+  c.moe_intermediate = 264;
+  ASSERT_TRUE(validation_errors(c).empty());
+  ASSERT_FALSE(routing_errors(c).empty());
+  CompileOptions options = compile_options_for("sm_90a");
+  options.repro_dir.clear();
+  for (const auto& unit : generate(make_plan(c, "sm_90a")).units) {
+    SCOPED_TRACE(unit.name);
+    CompiledUnit compiled;
+    ASSERT_NO_THROW(compiled = compile_unit(unit, options));
+    expect_lean_kernels(compiled);
+  }
+}
+
 // The tiles autotune times besides the planner's (tile_candidates), on sm_90a where wgmma and
 // mma.sync shapes both occur: a gated and a non-gated config, every bucket.
 TEST(Nvrtc, EveryTileCandidateCompilesLean) {

@@ -15,9 +15,11 @@
 namespace moejit {
 namespace {
 
-// Where the row's error must come from: set_field refusing the text, or validate() refusing the
-// resulting config. Checking the stage keeps a parse row from passing on a validation error.
-enum class Stage { SetField, Validate };
+// Where the row's error must come from: set_field refusing the text, validate() refusing the
+// resulting config, or check_routable() refusing a valid config routing (route, forward) for it
+// (it still serves experts-only calls). Checking the stage keeps a parse row from passing on a
+// validation error.
+enum class Stage { SetField, Validate, Route };
 
 struct InvalidRow {
   const char* description;
@@ -47,13 +49,13 @@ const std::vector<InvalidRow>& invalid_rows() {
        "experts: -8 is out of range"},
       {"one expert past the template limit", "deepseek-v3", [](MoeConfig& c) { c.experts = 1025; },
        S::Validate, "experts: 1025 is out of range; allowed 1..1024"},
-      // topk: 1..min(experts, 32)
-      {"topk 0", "", [](MoeConfig& c) { c.topk = 0; }, S::Validate,
-       "topk: 0 is out of range; allowed 1..min(experts, 32) = 1..8"},
-      {"topk above experts", "mixtral-8x7b", [](MoeConfig& c) { c.topk = 9; }, S::Validate,
-       "topk: 9 is out of range; allowed 1..min(experts, 32) = 1..8"},
+      // topk: 1..32; routing: at most experts
+      {"topk 0", "", [](MoeConfig& c) { c.topk = 0; }, S::Validate, "topk: 0 is out of range; allowed 1..32"},
+      {"topk above experts", "mixtral-8x7b", [](MoeConfig& c) { c.topk = 9; }, S::Route,
+       "topk: 9 is more than experts (8): routing picks topk distinct experts; such a layer serves experts-only "
+       "calls (the caller's topk_ids), not routing"},
       {"topk above the template limit", "deepseek-v3", [](MoeConfig& c) { c.topk = 33; }, S::Validate,
-       "topk: 33 is out of range; allowed 1..min(experts, 32) = 1..32"},
+       "topk: 33 is out of range; allowed 1..32"},
       // num_expert_group: 1..experts, divides experts
       {"zero groups", "", [](MoeConfig& c) { c.num_expert_group = 0; }, S::Validate,
        "num_expert_group: 0 is out of range; allowed 1..experts (8)"},
@@ -81,8 +83,8 @@ const std::vector<InvalidRow>& invalid_rows() {
          c.topk_group = 2;
          c.topk = 5;
        },
-       S::Validate, "topk: 5 is more than the experts in the kept groups (topk_group 2 x 2 experts per "
-                    "group = 4)"},
+       S::Route, "topk: 5 is more than the experts in the kept groups (topk_group 2 x 2 experts per "
+                 "group = 4); such a layer serves experts-only calls"},
       // greedy ignores groups
       {"greedy with groups", "deepseek-v3", [](MoeConfig& c) { c.topk_method = TopkMethod::Greedy; },
        S::Validate, "topk_method: greedy ignores expert groups but num_expert_group is 8"},
@@ -230,6 +232,8 @@ TEST(Validation, EveryInvalidRowIsRefusedWithItsMessage) {
       row.mutate(c);
       stage = Stage::Validate;
       validate(c);
+      stage = Stage::Route;
+      check_routable(c);
     } catch (const InvalidInput& e) {
       message = e.what();
     }

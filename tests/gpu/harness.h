@@ -214,9 +214,10 @@ bool check_run(const Problem& p, const GpuRun& run, const CheckOptions& options 
 // run.topk_weights hold it): index, expert rows, output and the w8a8 / fp8 quantizations.
 bool check_experts_run(const Problem& p, const GpuRun& run, const CheckOptions& options = {});
 
-// Checks only what holds whatever the logits are: ids in range and distinct per row, weights and
-// output finite, guards intact. Returns true when all hold.
-bool check_invariants(const Problem& p, const GpuRun& run);
+// Checks only what holds whatever the logits are: ids in range and distinct per row (routed: the
+// layer's own routing; false for an experts-only run, whose ids the caller gave, repeats allowed
+// when topk > experts), weights and output finite, guards intact. Returns true when all hold.
+bool check_invariants(const Problem& p, const GpuRun& run, bool routed = true);
 
 // For a forward that must have done nothing (T = 0, rejected arguments): every byte of the output
 // and the workspace, guards included, still holds the poison.

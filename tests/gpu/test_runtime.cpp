@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -801,11 +802,12 @@ void experts_against_the_reference(const Layer& layer, const Problem& p) {
     for (int64_t t = 0; t < T; ++t) {
       std::iota(all.begin(), all.end(), 0);
       for (int j = 0; j < K; ++j) {
-        if (std::string(pattern) == "hot") ids[t * K + j] = j;
-        if (std::string(pattern) == "tail") ids[t * K + j] = E - 1 - j;
+        // topk > experts: the slots past E repeat experts (a token's pairs on one expert twice).
+        if (std::string(pattern) == "hot") ids[t * K + j] = j % E;
+        if (std::string(pattern) == "tail") ids[t * K + j] = E - 1 - j % E;
         if (std::string(pattern) == "random") {
-          std::swap(all[j], all[std::uniform_int_distribution<int>(j, E - 1)(rng)]);
-          ids[t * K + j] = all[j];
+          if (j < E) std::swap(all[j], all[std::uniform_int_distribution<int>(j, E - 1)(rng)]);
+          ids[t * K + j] = j < E ? all[j] : std::uniform_int_distribution<int>(0, E - 1)(rng);
         }
         weights[t * K + j] = weight(rng);
       }
@@ -821,6 +823,21 @@ TEST_P(StageEntryPointsExperts, CallerRoutingAgainstTheReference) {
   auto layer = Layer::create(c);
   for (int64_t T : {1000, 5})
     experts_against_the_reference(*layer, make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true}));
+  if (c.topk > c.experts) {  // such a layer cannot route: route and forward refuse, naming topk
+    Problem p = make_problem(c, 4, seeds.next(), seeds.how_to_reproduce());
+    DeviceInputs in = upload(p);
+    DeviceBuffer out(4 * c.hidden * dtype_bytes(c.dtype)), ws(layer->workspace_bytes(4) + 16);
+    DeviceBuffer w(4 * c.topk * 4), ids(4 * c.topk * 4);
+    for (auto call : {std::function<void()>([&] { layer->forward(nullptr, 4, in.inputs(), out.get(), ws.get(), ws.size()); }),
+                      std::function<void()>([&] { layer->route(nullptr, 4, in.logits.get(), nullptr, w.as<float>(), ids.as<int>()); })}) {
+      try {
+        call();
+        ADD_FAILURE() << "a layer with topk > experts routed";
+      } catch (const InvalidInput& e) {
+        EXPECT_NE(std::string(e.what()).find("is more than experts"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, StageEntryPointsExperts,
@@ -838,6 +855,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, StageEntryPointsExperts,
                                                          c.ep_rank = 1;
                                                          return c;
                                                        }()},
+                                           // One expert per rank's worth of a top-8 model: 8 slots, 3 experts.
+                                           ExpertsCase{"topk_above_experts_bf16", small_config(3, 8, 264, 136, DType::BF16)},
                                            ExpertsCase{"ep_rank1_of_2_fp32",
                                                        [] {
                                                          MoeConfig c = small_config(64, 8, 264, 136, DType::FP32);

@@ -204,6 +204,34 @@ def test_ids_outside_range_contribute_nothing(device):
     assert rel_error(out.cpu(), ref) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_experts_with_more_slots_than_experts(ids_dtype, device):
+    """A rank holding one expert of a top-4 model: experts-only calls take topk > experts (the other
+    slots name other ranks' experts or -1); routing for such a config is refused by name."""
+    cfg = small_config(experts=1, topk=4, hidden=40, moe_intermediate=24)
+    j = cfg.to_json()
+    t = random_inputs(cfg, tokens=7, device=device, seed=3)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(-1, 6, (7, 4), generator=g).to(ids_dtype)
+    ids[0] = torch.tensor([0, 3, -1, 0])  # the local expert twice: two pairs
+    ids[1] = torch.tensor([5, 2, 1, 4])   # no local pair: the token's output is 0
+    ids[6] = torch.tensor([0, 0, 0, 0])
+    weights = torch.rand(7, 4, generator=g)
+    ids, weights = ids.to(device), weights.to(device)
+    out = torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"], t["w2"], None, None, None, None, None, j)
+    ref = reference_experts(t["hidden"], ids.cpu(), weights.cpu(), t["w13"], t["w2"])
+    assert ref[0].abs().sum() > 0 and ref[1].abs().sum() == 0
+    assert rel_error(out.cpu(), ref) < TOLERANCE[torch.float32]
+    assert torch.all(out[1] == 0)
+    for dev in (device, "meta"):
+        logits = torch.randn(7, 1, device=dev)
+        with pytest.raises(ValueError, match=r"topk: 4 is more than experts \(1\).*experts-only calls"):
+            torch.ops.moejit.route(logits, None, j)
+        with pytest.raises(ValueError, match=r"topk: 4 is more than experts \(1\)"):
+            torch.ops.moejit.moe_layer(t["hidden"].to(dev), logits, t["w13"].to(dev), t["w2"].to(dev), None, None,
+                                       None, None, None, None, j)
+
+
 # --- errors ----------------------------------------------------------------------------------------
 
 def test_non_contiguous_weight_is_value_error(device):

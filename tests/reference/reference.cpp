@@ -194,6 +194,7 @@ void fp8_quantize_rows(const double* a, int64_t rows, int64_t cols, int64_t grou
 Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>& logits,
               const std::vector<double>& bias) {
   validate(config);
+  check_routable(config);
   if (tokens < 0) throw std::invalid_argument("moejit reference: tokens < 0");
   const int E = config.experts;
   const int K = config.topk;
