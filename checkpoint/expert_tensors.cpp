@@ -80,6 +80,9 @@ float to_float(const unsigned char* p, const std::string& dtype) {
   return half_to_float(h);  // F16
 }
 
+// One stacked tensor per projection (transformers 5.x, gpt-oss) rather than one per expert.
+bool stacked(ExpertNaming naming) { return naming == ExpertNaming::Fused || naming == ExpertNaming::GptOss; }
+
 [[noreturn]] void layer_error(const Checkpoint& checkpoint, const MoeLayerTensors& layer, std::string_view why) {
   throw InvalidInput(fmt::format("checkpoint '{}': layer {} ({}, {} names): {}", checkpoint.dir(), layer.layer,
                                  layer.prefix, to_string(layer.naming), why));
@@ -92,6 +95,7 @@ const char* to_string(ExpertNaming naming) {
     case ExpertNaming::PerExpert: return "gate_proj/up_proj/down_proj";
     case ExpertNaming::Mixtral: return "w1/w3/w2";
     case ExpertNaming::Fused: return "fused gate_up_proj/down_proj";
+    case ExpertNaming::GptOss: return "gpt-oss fused gate_up_proj/down_proj with biases";
   }
   return "?";
 }
@@ -110,7 +114,8 @@ std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint) {
     ExpertNaming naming;
     int expert = -1;
     if (rest == "gate_up_proj" || rest == "down_proj" || rest == "up_proj") {
-      naming = ExpertNaming::Fused;
+      // gpt-oss stores its fused experts transposed and interleaved, beside their biases.
+      naming = checkpoint.find(prefix + ".experts.gate_up_proj_bias").info ? ExpertNaming::GptOss : ExpertNaming::Fused;
     } else {
       const size_t dot = rest.find('.');
       const std::string_view number = rest.substr(0, dot), projection = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
@@ -144,7 +149,7 @@ std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint) {
 }
 
 std::string weight_name(const MoeLayerTensors& layer, const std::string& projection, int e) {
-  if (layer.naming == ExpertNaming::Fused) return fmt::format("{}.experts.{}_proj", layer.prefix, projection);
+  if (stacked(layer.naming)) return fmt::format("{}.experts.{}_proj", layer.prefix, projection);
   if (layer.naming == ExpertNaming::Mixtral) {
     const char* w = projection == "gate" ? "w1" : projection == "up" ? "w3" : "w2";
     return fmt::format("{}.experts.{}.{}.weight", layer.prefix, e, w);
@@ -153,6 +158,8 @@ std::string weight_name(const MoeLayerTensors& layer, const std::string& project
 }
 
 std::string scale_name(const MoeLayerTensors&, const std::string& weight) { return weight + "_scale_inv"; }
+
+std::string bias_name(const std::string& weight) { return weight + "_bias"; }
 
 std::string correction_bias_name(const MoeLayerTensors& layer) { return layer.prefix + ".gate.e_score_correction_bias"; }
 
@@ -172,12 +179,18 @@ std::vector<ExpectedTensor> expected_tensors(const MoeConfig& c, const MoeLayerT
       for (size_t d = blocks.size() - 2; d < blocks.size(); ++d) blocks[d] = (blocks[d] + kBlock - 1) / kBlock;
       add(scale_name(layer, name), {"F32"}, {blocks}, meaning + "'s fp8 block scales");
     } else if (tensor) {
-      const bool stacked = layer.naming == ExpertNaming::Fused;
-      add(scale_name(layer, name), {"F32"}, stacked ? std::vector<std::vector<int64_t>>{{E}} : std::vector<std::vector<int64_t>>{{}, {1}},
+      add(scale_name(layer, name), {"F32"}, stacked(layer.naming) ? std::vector<std::vector<int64_t>>{{E}} : std::vector<std::vector<int64_t>>{{}, {1}},
           meaning + "'s per-tensor fp8 scale");
     }
   };
-  if (layer.naming == ExpertNaming::Fused) {
+  if (layer.naming == ExpertNaming::GptOss) {
+    const std::vector<std::string> bias_dtypes = {"BF16", "F16", "F32"};
+    const std::string gate_up = weight_name(layer, "gate_up"), down = weight_name(layer, "down");
+    weight(gate_up, {E, H, 2 * I}, "the experts' interleaved gate and up columns");
+    add(bias_name(gate_up), bias_dtypes, {{E, 2 * I}}, "the experts' interleaved gate and up biases");
+    weight(down, {E, I, H}, "the experts' down projections");
+    add(bias_name(down), bias_dtypes, {{E, H}}, "the experts' down biases");
+  } else if (layer.naming == ExpertNaming::Fused) {
     weight(weight_name(layer, c.gated ? "gate_up" : "up"), {E, halves * I, H}, "the experts' gate and up rows");
     weight(weight_name(layer, "down"), {E, H, I}, "the experts' down projections");
   } else {
@@ -218,7 +231,14 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
   const int halves = c.gated ? 2 : 1;
   const size_t es = static_cast<size_t>(dtype_size(wdt));
   const bool block = c.quant == Quant::Fp8Block, tensor = c.quant == Quant::Fp8Tensor;
-  const bool fused = layer.naming == ExpertNaming::Fused;
+  const bool fused = layer.naming == ExpertNaming::Fused, gpt_oss = layer.naming == ExpertNaming::GptOss;
+  if (gpt_oss && (!c.gated || !c.expert_bias || is_quantized(c.quant)))
+    fail(fmt::format("gpt-oss experts (interleaved gate and up, with biases) load into a gated layer with "
+                     "expert_bias true and quant none; the config says gated {}, expert_bias {}, quant {}",
+                     c.gated, c.expert_bias, to_string(c.quant)));
+  if (c.expert_bias && !gpt_oss)
+    fail("expert_bias: the config adds expert biases, but the layer has none (gpt-oss's gate_up_proj_bias and "
+         "down_proj_bias)");
   // A block of 128 rows of the packed w13 must hold gate rows or up rows, not both, and a rank's
   // slice of I must start on a block: the checkpoint's scales then carry over unchanged.
   if (block && (I_loc % kBlock != 0 || (fused && c.gated && I % kBlock != 0)))
@@ -272,6 +292,21 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
     unsigned char* w2 = out.w2.bytes.data() + static_cast<size_t>(el * H * I_loc) * es;
     float* w13_blocks_of = block ? &w13_scale[static_cast<size_t>(el * w13_blocks * h_blocks)] : nullptr;
     float* w2_blocks_of = block ? &w2_scale[static_cast<size_t>(el * h_blocks * i_loc_blocks)] : nullptr;
+    if (gpt_oss) {
+      // [H, 2I] with gate column 2i and up column 2i + 1 -> rows i (gate) and I_loc + i (up) of [2 I_loc, H].
+      const unsigned char* g = data(weight_name(layer, "gate_up")) + static_cast<size_t>(e * H * 2 * I) * es;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < I_loc; ++i)
+          for (int half = 0; half < 2; ++half)
+            std::memcpy(w13 + static_cast<size_t>((half * I_loc + i) * H + h) * es,
+                        g + static_cast<size_t>(h * 2 * I + 2 * (i0 + i) + half) * es, es);
+      // [I, H] -> [H, I_loc].
+      const unsigned char* d = data(weight_name(layer, "down")) + static_cast<size_t>(e * I * H) * es;
+      for (int64_t i = 0; i < I_loc; ++i)
+        for (int64_t h = 0; h < H; ++h)
+          std::memcpy(w2 + static_cast<size_t>(h * I_loc + i) * es, d + static_cast<size_t>((i0 + i) * H + h) * es, es);
+      continue;
+    }
     if (fused) {
       const std::string gate_up = weight_name(layer, c.gated ? "gate_up" : "up"), down = weight_name(layer, "down");
       const unsigned char* g = data(gate_up);
@@ -328,6 +363,22 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
   } else if (tensor) {
     out.w13_scale = floats(w13_scale, {e_loc_count});
     out.w2_scale = floats(w2_scale, {e_loc_count});
+  }
+  if (gpt_oss) {  // fp32, gate then up of the rank's slice
+    const FoundTensor gb = checkpoint.find(bias_name(weight_name(layer, "gate_up")));
+    const FoundTensor db = checkpoint.find(bias_name(weight_name(layer, "down")));
+    const size_t gs = static_cast<size_t>(dtype_size(gb.info->dtype)), ds = static_cast<size_t>(dtype_size(db.info->dtype));
+    std::vector<float> w13_bias(static_cast<size_t>(e_loc_count * 2 * I_loc)), w2_bias(static_cast<size_t>(e_loc_count * H));
+    for (int64_t el = 0; el < e_loc_count; ++el) {
+      const int64_t e = first + el;
+      for (int half = 0; half < 2; ++half)
+        for (int64_t i = 0; i < I_loc; ++i)
+          w13_bias[(el * 2 + half) * I_loc + i] =
+              to_float(gb.file->data(*gb.info) + (e * 2 * I + 2 * (i0 + i) + half) * gs, gb.info->dtype);
+      for (int64_t h = 0; h < H; ++h) w2_bias[el * H + h] = to_float(db.file->data(*db.info) + (e * H + h) * ds, db.info->dtype);
+    }
+    out.w13_bias = floats(w13_bias, {e_loc_count, 2 * I_loc});
+    out.w2_bias = floats(w2_bias, {e_loc_count, H});
   }
   if (c.topk_method == TopkMethod::NoauxTc) {
     const FoundTensor b = checkpoint.find(correction_bias_name(layer));

@@ -4,6 +4,9 @@
 //   - Qwen2/3-MoE, DeepSeek-V2/V3, Kimi-K2, GLM-4.5: `<layer>.mlp.experts.<e>.{gate,up,down}_proj.weight`
 //   - Mixtral: `<layer>.block_sparse_moe.experts.<e>.{w1,w3,w2}.weight` (gate, up, down)
 //   - transformers 5.x fused: `<layer>.mlp.experts.gate_up_proj` [E, 2I, H], `.down_proj` [E, H, I]
+//   - gpt-oss (fused with expert biases, `.gate_up_proj_bias` [E, 2I] beside them): `.gate_up_proj`
+//     [E, H, 2I] with gate and up columns interleaved (gate 2i, up 2i + 1), `.down_proj` [E, I, H],
+//     `.down_proj_bias` [E, H]; packed into the layer's nk layout (transposed, de-interleaved)
 // fp8 scales sit beside each weight as `<weight>_scale_inv` (HF's name; they multiply), DeepSeek's
 // correction bias at `<layer>.mlp.gate.e_score_correction_bias`.
 #pragma once
@@ -18,7 +21,7 @@
 
 namespace moejit::checkpoint {
 
-enum class ExpertNaming { PerExpert, Mixtral, Fused };
+enum class ExpertNaming { PerExpert, Mixtral, Fused, GptOss };
 const char* to_string(ExpertNaming naming);
 
 // One MoE layer found in a checkpoint.
@@ -38,6 +41,8 @@ std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint);
 std::string weight_name(const MoeLayerTensors& layer, const std::string& projection, int e = 0);
 // The fp8 scale beside a weight name.
 std::string scale_name(const MoeLayerTensors& layer, const std::string& weight);
+// The expert bias beside a weight name (gpt-oss).
+std::string bias_name(const std::string& weight);
 // The routing correction bias of the layer (noaux_tc).
 std::string correction_bias_name(const MoeLayerTensors& layer);
 
@@ -66,10 +71,11 @@ struct HostTensor {
 // What one layer call takes for the config's rank: w13 [E_loc, 2I_loc (I_loc non-gated), H] (gate
 // rows, then up rows), w2 [E_loc, H, I_loc], the local experts from ep_rank * E_loc and the
 // intermediate columns from tp_rank * I_loc; fp8 scales in the layer's shapes; the correction bias
-// [E] as fp32 for noaux_tc.
+// [E] as fp32 for noaux_tc; the expert biases (expert_bias) as fp32 w13_bias [E_loc, 2I_loc] (gate,
+// then up) and w2_bias [E_loc, H].
 struct ExpertWeights {
   HostTensor w13, w2;
-  std::optional<HostTensor> w13_scale, w2_scale, correction_bias;
+  std::optional<HostTensor> w13_scale, w2_scale, correction_bias, w13_bias, w2_bias;
 };
 
 // Reads and packs one layer. Throws InvalidInput naming the tensor (and its file) that is missing,

@@ -42,11 +42,11 @@ struct Group {
 bool report_layer(const Checkpoint& ckpt, const std::vector<std::string>& names, const MoeConfig& config,
                   const MoeLayerTensors& layer) {
   // A fused layer holds every expert in one tensor, or none.
-  const bool fused_found = layer.naming == ExpertNaming::Fused && ckpt.find(weight_name(layer, "down")).info;
+  const bool fused = layer.naming == ExpertNaming::Fused || layer.naming == ExpertNaming::GptOss;
+  const bool fused_found = fused && ckpt.find(weight_name(layer, "down")).info;
   fmt::print("layer {}: {} ({} names), {} of {} experts have tensors\n", layer.layer, layer.prefix,
              to_string(layer.naming),
-             layer.naming == ExpertNaming::Fused ? (fused_found ? config.experts : 0) : static_cast<int>(layer.experts.size()),
-             config.experts);
+             fused ? (fused_found ? config.experts : 0) : static_cast<int>(layer.experts.size()), config.experts);
   std::map<std::string, Group> groups;
   std::vector<std::string> problems;
   for (const ExpectedTensor& x : expected_tensors(config, layer, 0, config.experts)) {
@@ -91,6 +91,8 @@ void dump_experts(const Checkpoint& ckpt, const MoeConfig& config, const MoeLaye
   if (w.w13_scale) add("w13_scale", *w.w13_scale);
   if (w.w2_scale) add("w2_scale", *w.w2_scale);
   if (w.correction_bias) add("e_score_correction_bias", *w.correction_bias);
+  if (w.w13_bias) add("w13_bias", *w.w13_bias);
+  if (w.w2_bias) add("w2_bias", *w.w2_bias);
   write_safetensors(path, tensors);
   fmt::print("wrote {}: layer {} for ep_rank {} of {}, tp_rank {} of {}:", path, layer.layer, config.ep_rank,
              config.ep_size, config.tp_rank, config.tp_size);

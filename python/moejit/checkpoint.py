@@ -22,8 +22,8 @@ from . import _ops  # noqa: F401  (registers the op library)
 def load_experts(model_dir: Union[str, os.PathLike], layer: int, *, device: Optional[torch.device] = None,
                  **config_fields) -> dict:
     """The packed expert tensors of MoE layer ``layer`` (its index in the model), as a dict with "w13",
-    "w2" and, where the config has them, "w13_scale", "w2_scale", "e_score_correction_bias"; on
-    ``device`` (default: CPU, where the reader puts them)."""
+    "w2" and, where the config has them, "w13_scale", "w2_scale", "e_score_correction_bias", and (gpt-oss)
+    "w13_bias", "w2_bias" in fp32; on ``device`` (default: CPU, where the reader puts them)."""
     overrides = json.dumps({name: str(value).lower() if isinstance(value, bool) else str(value)
                             for name, value in config_fields.items()})
     tensors = dict(torch.ops.moejit.load_experts(os.fspath(model_dir), int(layer), overrides))

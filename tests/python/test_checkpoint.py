@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import build_model
+from conftest import build_model, rel_error
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -168,3 +168,56 @@ def test_load_experts_from_python(tmp_path):
         moejit.load_experts(tmp_path, 5)
     with pytest.raises(ValueError, match="multiple of|tp_size"):
         moejit.load_experts(tmp_path, layer, tp_size=3)
+    with pytest.raises(ValueError, match="expert_bias: the config adds expert biases, but the layer has none"):
+        moejit.load_experts(tmp_path, layer, expert_bias=True)
+
+
+def test_gpt_oss_checkpoint_loads_de_interleaved_with_biases(tmp_path, moejit_cli):
+    """A tiny bf16 gpt-oss model saved by transformers (gate_up_proj [E, H, 2I] with gate and up
+    interleaved, down_proj [E, I, H], their biases): moejit packs a rank's share into the layer's
+    nk layout with fp32 biases, and the experts op on them computes what GptOssExperts computes."""
+    from conftest import moejit
+
+    transformers = pytest.importorskip("transformers")
+    E, H, I = 4, 64, 48  # H != 2I, so a transposed tensor cannot pass for the other layout by shape
+    config = transformers.GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=2,
+                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       vocab_size=64, max_position_embeddings=64, layer_types=["full_attention"])
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    model = model.to(torch.bfloat16)
+    folder = tmp_path / "gpt-oss"
+    model.save_pretrained(folder)
+    experts = model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    b13, b2 = experts.gate_up_proj_bias.detach(), experts.down_proj_bias.detach()
+    report = run_cli(moejit_cli, "inspect", "--model", folder)
+    assert "gpt-oss fused gate_up_proj/down_proj with biases" in report.stdout and "problem" not in report.stdout
+    for ep_rank, tp_rank in [(0, 0), (1, 1)]:
+        got = moejit.load_experts(folder, 0, ep_size=2, ep_rank=ep_rank, tp_size=2, tp_rank=tp_rank)
+        assert sorted(got) == ["w13", "w13_bias", "w2", "w2_bias"]
+        e0, e1, i0, i1 = ep_rank * 2, ep_rank * 2 + 2, tp_rank * I // 2, (tp_rank + 1) * I // 2
+        gate, up = gate_up[e0:e1, :, 0::2][..., i0:i1], gate_up[e0:e1, :, 1::2][..., i0:i1]  # [2, H, I/2]
+        assert torch.equal(got["w13"], torch.cat([gate, up], dim=2).transpose(1, 2))
+        assert torch.equal(got["w2"], down[e0:e1, i0:i1].transpose(1, 2))
+        assert got["w13_bias"].dtype == torch.float32
+        assert torch.equal(got["w13_bias"], torch.cat([b13[e0:e1, 0::2][:, i0:i1], b13[e0:e1, 1::2][:, i0:i1]], 1).float())
+        assert torch.equal(got["w2_bias"], b2[e0:e1].float())
+    # The whole layer on one rank against transformers' experts, through the CPU op.
+    got = moejit.load_experts(folder, 0)
+    cfg = moejit.MoeConfig(experts=E, topk=2, hidden=H, moe_intermediate=I, activation="swigluoai", expert_bias=True,
+                           dtype=torch.bfloat16)
+    x = torch.randn(5, H, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 3], [1, 2], [2, 0], [3, 1], [1, 0]])
+    weights = torch.rand(5, 2)
+    out = torch.ops.moejit.experts(x, ids, weights, got["w13"], got["w2"], None, None, None, None, None, cfg.to_json(),
+                                   w13_bias=got["w13_bias"], w2_bias=got["w2_bias"])
+    with torch.no_grad():
+        want = experts.float()(x.float(), ids, weights)
+    assert rel_error(out, want) < 2e-2
+    # A config that disagrees with the checkpoint is refused by name.
+    with pytest.raises(ValueError, match="gpt-oss experts .* expert_bias true"):
+        moejit.load_experts(folder, 0, expert_bias="false")
