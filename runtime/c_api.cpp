@@ -7,11 +7,16 @@
 
 #include "common/error.h"
 #include "compiler/hf_config.h"
+#include "runtime/device_experts.h"
 #include "runtime/layer.h"
 
 struct moejit_layer {
   std::unique_ptr<moejit::Layer> layer;
   std::string config_json;
+};
+
+struct moejit_experts {
+  std::unique_ptr<moejit::DeviceExperts> experts;
 };
 
 namespace {
@@ -68,6 +73,29 @@ moejit::MoeConfig resolve_config(const std::string& text, const moejit::FieldOve
   return load_config_file(text, overrides);
 }
 
+moejit::LayerInputs layer_inputs(const moejit_inputs& inputs) {
+  moejit::LayerInputs in;
+  in.hidden = inputs.hidden;
+  in.router_logits = inputs.router_logits;
+  in.w13 = inputs.w13;
+  in.w2 = inputs.w2;
+  in.e_score_correction_bias = inputs.e_score_correction_bias;
+  in.w13_scale = inputs.w13_scale;
+  in.w2_scale = inputs.w2_scale;
+  in.input_smooth = inputs.input_smooth;
+  in.act_smooth = inputs.act_smooth;
+  in.w13_bias = inputs.w13_bias;
+  in.w2_bias = inputs.w2_bias;
+  in.residual = inputs.residual;
+  return in;
+}
+
+const moejit::Layer& checked_layer(const moejit_layer* layer, const moejit_inputs* inputs) {
+  if (!layer) throw moejit::InvalidInput("layer: null pointer");
+  if (!inputs) throw moejit::InvalidInput("inputs: null pointer");
+  return *layer->layer;
+}
+
 }  // namespace
 
 extern "C" {
@@ -98,22 +126,63 @@ int moejit_layer_workspace_bytes(const moejit_layer* layer, int64_t max_tokens, 
 int moejit_layer_forward(const moejit_layer* layer, void* stream, int64_t tokens, const moejit_inputs* inputs,
                          void* output, void* workspace, size_t workspace_bytes) {
   return guarded([&] {
-    if (!layer) throw moejit::InvalidInput("layer: null pointer");
+    checked_layer(layer, inputs).forward(stream, tokens, layer_inputs(*inputs), output, workspace, workspace_bytes);
+  });
+}
+
+int moejit_layer_route(const moejit_layer* layer, void* stream, int64_t tokens, const moejit_inputs* inputs,
+                       float* topk_weights, int* topk_ids) {
+  return guarded([&] {
+    checked_layer(layer, inputs).route(stream, tokens, inputs->router_logits, inputs->e_score_correction_bias,
+                                       topk_weights, topk_ids);
+  });
+}
+
+int moejit_layer_experts(const moejit_layer* layer, void* stream, int64_t tokens, const int* topk_ids,
+                         const float* topk_weights, const moejit_inputs* inputs, void* output, void* workspace,
+                         size_t workspace_bytes) {
+  return guarded([&] {
+    checked_layer(layer, inputs).experts(stream, tokens, topk_ids, topk_weights, layer_inputs(*inputs), output, workspace,
+                                         workspace_bytes);
+  });
+}
+
+int moejit_experts_load(const char* model_dir, int layer, const char* overrides_json, int device,
+                        moejit_experts** out) {
+  return guarded([&] {
+    if (!out) throw moejit::InvalidInput("out: null pointer");
+    *out = nullptr;
+    if (!model_dir) throw moejit::InvalidInput("model_dir: null pointer");
+    const moejit::MoeConfig c = moejit::load_config_file(model_dir, parse_overrides(overrides_json));
+    auto handle = std::make_unique<moejit_experts>();
+    handle->experts = moejit::DeviceExperts::load(model_dir, layer, c, device);
+    *out = handle.release();
+  });
+}
+
+void moejit_experts_destroy(moejit_experts* experts) { delete experts; }
+
+int moejit_experts_fill_inputs(const moejit_experts* experts, moejit_inputs* inputs) {
+  return guarded([&] {
+    if (!experts) throw moejit::InvalidInput("experts: null pointer");
     if (!inputs) throw moejit::InvalidInput("inputs: null pointer");
-    moejit::LayerInputs in;
-    in.hidden = inputs->hidden;
-    in.router_logits = inputs->router_logits;
-    in.w13 = inputs->w13;
-    in.w2 = inputs->w2;
-    in.e_score_correction_bias = inputs->e_score_correction_bias;
-    in.w13_scale = inputs->w13_scale;
-    in.w2_scale = inputs->w2_scale;
-    in.input_smooth = inputs->input_smooth;
-    in.act_smooth = inputs->act_smooth;
-    in.w13_bias = inputs->w13_bias;
-    in.w2_bias = inputs->w2_bias;
-    in.residual = inputs->residual;
-    layer->layer->forward(stream, tokens, in, output, workspace, workspace_bytes);
+    moejit::LayerInputs in = layer_inputs(*inputs);
+    experts->experts->fill(in);
+    inputs->w13 = in.w13;
+    inputs->w2 = in.w2;
+    inputs->w13_scale = in.w13_scale;
+    inputs->w2_scale = in.w2_scale;
+    inputs->e_score_correction_bias = in.e_score_correction_bias;
+    inputs->w13_bias = in.w13_bias;
+    inputs->w2_bias = in.w2_bias;
+  });
+}
+
+int moejit_experts_bytes(const moejit_experts* experts, size_t* bytes) {
+  return guarded([&] {
+    if (!experts) throw moejit::InvalidInput("experts: null pointer");
+    if (!bytes) throw moejit::InvalidInput("bytes: null pointer");
+    *bytes = experts->experts->bytes();
   });
 }
 

@@ -50,8 +50,39 @@ int moejit_layer_workspace_bytes(const moejit_layer* layer, int64_t max_tokens, 
 int moejit_layer_forward(const moejit_layer* layer, void* stream, int64_t tokens, const moejit_inputs* inputs,
                          void* output, void* workspace, size_t workspace_bytes);
 
+/* Stage 1 alone: topk_weights [T, K] fp32 and topk_ids [T, K] int32 (device pointers) from
+ * inputs->router_logits (and e_score_correction_bias for noaux_tc). Refused (2) for a layer whose
+ * topk exceeds its experts: such a layer serves moejit_layer_experts only. */
+int moejit_layer_route(const moejit_layer* layer, void* stream, int64_t tokens, const moejit_inputs* inputs,
+                       float* topk_weights, int* topk_ids);
+
+/* Stages 2-6 given the caller's routing (topk_ids [T, K] int32, topk_weights [T, K] fp32, device
+ * pointers; an id outside [0, experts) contributes nothing); router_logits and the correction bias
+ * are not read. */
+int moejit_layer_experts(const moejit_layer* layer, void* stream, int64_t tokens, const int* topk_ids,
+                         const float* topk_weights, const moejit_inputs* inputs, void* output, void* workspace,
+                         size_t workspace_bytes);
+
 /* The layer's configuration as moejit JSON; the string lives as long as the layer. */
 const char* moejit_layer_config_json(const moejit_layer* layer);
+
+/* One MoE layer's expert tensors from a model folder's safetensors checkpoint, in device memory.
+ * moejit_experts_load reads layer `layer` (its index in the model) for the rank that overrides_json
+ * names (the folder's config.json with the overrides, as moejit_layer_create takes them: tp_size /
+ * tp_rank, ep_size / ep_rank), packs it as a layer call takes it (w13 gate rows then up rows, w2,
+ * the rank's experts and slice of the intermediate size, fp8 scales, the correction bias, gpt-oss's
+ * expert biases) and copies it to CUDA device `device` (synchronously; freed by
+ * moejit_experts_destroy, which must come before the process drops the device). A missing or
+ * malformed file or tensor is 2, naming the file and the tensor. */
+typedef struct moejit_experts moejit_experts;
+int moejit_experts_load(const char* model_dir, int layer, const char* overrides_json, int device,
+                        moejit_experts** out);
+void moejit_experts_destroy(moejit_experts* experts);
+/* Sets inputs->w13, w2 and, where the layer has them, w13_scale, w2_scale, e_score_correction_bias,
+ * w13_bias and w2_bias to the device copies; the other entries are left as they are. */
+int moejit_experts_fill_inputs(const moejit_experts* experts, moejit_inputs* inputs);
+/* Device bytes held. */
+int moejit_experts_bytes(const moejit_experts* experts, size_t* bytes);
 
 const char* moejit_last_error(void);
 

@@ -2,7 +2,12 @@
 // on a machine with no driver is code 1 saying so; null arguments never crash.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "runtime/cuda_driver.h"
 #include "runtime/moejit.h"
@@ -36,6 +41,73 @@ TEST(CApi, ValidConfigWithoutAGpuSaysWhy) {
   EXPECT_EQ(moejit_layer_create("mixtral-8x7b", nullptr, &layer), 1);
   EXPECT_EQ(layer, nullptr);
   EXPECT_NE(std::string(moejit_last_error()).find("CUDA driver"), std::string::npos) << moejit_last_error();
+}
+
+TEST(CApi, StageEntryPointsRefuseNullArguments) {
+  moejit_inputs in = {0};
+  EXPECT_EQ(moejit_layer_route(nullptr, nullptr, 1, &in, nullptr, nullptr), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("layer: null"), std::string::npos);
+  EXPECT_EQ(moejit_layer_experts(nullptr, nullptr, 1, nullptr, nullptr, &in, nullptr, nullptr, 0), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("layer: null"), std::string::npos);
+}
+
+// A Qwen3-MoE-named checkpoint of two experts (H 16, I 8, bf16 zeros) written by hand: the
+// safetensors format is an 8-byte little-endian header length, the JSON header, the bytes.
+std::filesystem::path tiny_checkpoint(const std::string& name, bool drop_one_tensor) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "qwen3_moe", "num_experts": 2, "num_experts_per_tok": 1, "hidden_size": 16,
+             "moe_intermediate_size": 8, "norm_topk_prob": true, "hidden_act": "silu", "torch_dtype": "bfloat16"})";
+  std::string header = "{";
+  size_t offset = 0;
+  for (int e = 0; e < 2; ++e)
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+      if (drop_one_tensor && e == 1 && std::string(p) == "up_proj") continue;
+      const std::string shape = std::string(p) == "down_proj" ? "[16, 8]" : "[8, 16]";
+      if (offset) header += ", ";
+      header += "\"model.layers.0.mlp.experts." + std::to_string(e) + "." + p + ".weight\": {\"dtype\": \"BF16\", " +
+                "\"shape\": " + shape + ", \"data_offsets\": [" + std::to_string(offset) + ", " +
+                std::to_string(offset + 256) + "]}";
+      offset += 256;
+    }
+  header += "}";
+  std::ofstream f(dir / "model.safetensors", std::ios::binary);
+  const uint64_t length = header.size();
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((length >> (8 * i)) & 0xff));
+  f << header << std::string(offset, '\0');
+  return dir;
+}
+
+TEST(CApi, ExpertsLoadReadsTheCheckpointBeforeTheDevice) {
+  moejit_experts* experts = reinterpret_cast<moejit_experts*>(0x1);
+  EXPECT_EQ(moejit_experts_load(nullptr, 0, nullptr, 0, &experts), 2);
+  EXPECT_EQ(experts, nullptr);
+  EXPECT_EQ(moejit_experts_load("/nonexistent/model", 0, nullptr, 0, &experts), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("/nonexistent/model"), std::string::npos) << moejit_last_error();
+  const auto broken = tiny_checkpoint("moejit_c_api_broken_ckpt", true);
+  EXPECT_EQ(moejit_experts_load(broken.c_str(), 0, nullptr, 0, &experts), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("model.layers.0.mlp.experts.1.up_proj.weight' missing"),
+            std::string::npos)
+      << moejit_last_error();
+  const auto good = tiny_checkpoint("moejit_c_api_ckpt", false);
+  EXPECT_EQ(moejit_experts_load(good.c_str(), 3, nullptr, 0, &experts), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("layer 3 has no expert tensors"), std::string::npos)
+      << moejit_last_error();
+  EXPECT_EQ(moejit_experts_load(good.c_str(), 0, R"({"tp_size": 3})", 0, &experts), 2);
+  if (!moejit::cuda_driver().available) {
+    EXPECT_EQ(moejit_experts_load(good.c_str(), 0, R"({"ep_size": 2, "ep_rank": 1})", 0, &experts), 1);
+    EXPECT_NE(std::string(moejit_last_error()).find("CUDA driver"), std::string::npos) << moejit_last_error();
+  }
+  EXPECT_EQ(experts, nullptr);
+  moejit_inputs in = {0};
+  EXPECT_EQ(moejit_experts_fill_inputs(nullptr, &in), 2);
+  size_t bytes = 0;
+  EXPECT_EQ(moejit_experts_bytes(nullptr, &bytes), 2);
+  moejit_experts_destroy(nullptr);
+  std::filesystem::remove_all(broken);
+  std::filesystem::remove_all(good);
 }
 
 }  // namespace
