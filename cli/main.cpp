@@ -1,6 +1,10 @@
 // The `moejit` command: dump-source, compile, cache, info.
 // Exit codes: 0 success, 2 bad input (one line saying what to change), 1 any other failure.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 
@@ -28,24 +32,39 @@ namespace {
 
 constexpr int64_t kDefaultPlanTokens = 4096;
 
-// "512M", "2G", "1048576" -> bytes.
+// Long values are cut in messages: a hostile argument is not echoed whole.
+std::string abbreviated(const std::string& text) { return text.size() <= 40 ? text : text.substr(0, 37) + "..."; }
+
+// "512M", "2G", "1.5G", "1048576" -> bytes: digits with an optional fraction and unit, nothing
+// else (no sign, space, exponent, nan or inf), at most INT64_MAX bytes. A bad size must never
+// reach prune, which would evict to whatever it became.
 int64_t parse_size(const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (...) {
-    used = 0;
-  }
-  std::string suffix = used ? text.substr(used) : "";
-  int64_t unit = 1;
+  const std::string message =
+      fmt::format("--max-size: '{}' is not a size; use bytes or a number with K, M or G (e.g. 512M), at most 2^63-1 bytes",
+                  abbreviated(text));
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  const std::string number = text.substr(0, digits), suffix = text.substr(digits);
+  if (number.empty() || number.front() == '.' || number.back() == '.' || std::count(number.begin(), number.end(), '.') > 1)
+    throw InvalidInput(message);
+  long double unit = 1;
   if (suffix == "K" || suffix == "KiB") unit = 1 << 10;
   else if (suffix == "M" || suffix == "MiB") unit = 1 << 20;
   else if (suffix == "G" || suffix == "GiB") unit = int64_t{1} << 30;
-  else if (!suffix.empty()) used = 0;
-  if (!used || value < 0)
-    throw InvalidInput(fmt::format("--max-size: '{}' is not a size; use bytes or a number with K, M or G", text));
-  return static_cast<int64_t>(value * static_cast<double>(unit));
+  else if (!suffix.empty()) throw InvalidInput(message);
+  const long double bytes = std::strtold(number.c_str(), nullptr) * unit;
+  if (!(bytes <= static_cast<long double>(std::numeric_limits<int64_t>::max()))) throw InvalidInput(message);
+  return static_cast<int64_t>(bytes);
+}
+
+// A token count: decimal digits only, within int64 (the layer then bounds it further).
+int64_t parse_tokens(const std::string& flag, const std::string& text) {
+  int64_t value = -1;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text.front())) || error != std::errc{} ||
+      end != text.data() + text.size())
+    throw InvalidInput(fmt::format("{}: '{}' is not a token count; allowed a whole number >= 0", flag, abbreviated(text)));
+  return value;
 }
 
 std::string resolve_arch(const std::string& requested) {
@@ -177,7 +196,7 @@ int run(int argc, char** argv) {
   std::string arch;
   bool with_plan = false, with_ptx = false;
   std::string stage;
-  int64_t max_tokens = kDefaultPlanTokens;
+  std::string max_tokens_text = std::to_string(kDefaultPlanTokens);
 
   auto* dump = app.add_subcommand("dump-source", "print the generated CUDA source (and the plan)");
   ConfigOptions dump_inputs;
@@ -186,7 +205,7 @@ int run(int argc, char** argv) {
   dump->add_option("--stage", stage, "only the unit holding this stage: routing, index, expand, gemm1, gemm2, combine");
   dump->add_flag("--plan", with_plan, "print the plan first");
   dump->add_flag("--ptx", with_ptx, "also compile and print the PTX");
-  dump->add_option("--max-tokens", max_tokens, "token count the printed workspace is sized for")->check(CLI::NonNegativeNumber);
+  dump->add_option("--max-tokens", max_tokens_text, "token count the printed workspace is sized for");
 
   auto* comp = app.add_subcommand("compile", "build every kernel of a layer into the cache");
   ConfigOptions compile_inputs;
@@ -197,7 +216,7 @@ int run(int argc, char** argv) {
   comp->add_flag("--autotune", with_autotune,
                  "time candidate GEMM tiles on device 0 and store the fastest per token bucket in the cache "
                  "(Layer::create then uses them on this device); needs a GPU");
-  comp->add_option("--max-tokens", max_tokens, "token count the printed workspace is sized for")->check(CLI::NonNegativeNumber);
+  comp->add_option("--max-tokens", max_tokens_text, "token count the printed workspace is sized for");
 
   auto* cache = app.add_subcommand("cache", "inspect and maintain the kernel cache");
   cache->require_subcommand(1);
@@ -238,8 +257,9 @@ int run(int argc, char** argv) {
 
   try {
     if (dump->parsed()) {
-      dump_source(dump_inputs, arch, stage, with_plan, with_ptx, max_tokens);
+      dump_source(dump_inputs, arch, stage, with_plan, with_ptx, parse_tokens("--max-tokens", max_tokens_text));
     } else if (comp->parsed()) {
+      const int64_t max_tokens = parse_tokens("--max-tokens", max_tokens_text);
       if (with_autotune) run_autotune(compile_inputs.resolve(), arch);
       compile(compile_inputs, arch, with_plan, max_tokens);
     } else if (info_cmd->parsed()) {

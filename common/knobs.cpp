@@ -1,7 +1,9 @@
 #include "common/knobs.h"
 
+#include <charconv>
 #include <cstdlib>
 #include <initializer_list>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -31,10 +33,14 @@ bool env_flag(const char* name, bool fallback) {
 int64_t env_int(const char* name, int64_t fallback, int64_t min) {
   std::string v = env(name);
   if (v.empty()) return fallback;
-  char* end = nullptr;
-  long long parsed = std::strtoll(v.c_str(), &end, 10);
-  if (end != v.c_str() + v.size() || parsed < min)
-    throw InvalidInput(fmt::format("{}: '{}' is not allowed; expected an integer >= {}", name, v, min));
+  // Strict: decimal digits (a leading '-' where min allows it) and nothing else, within int64; no
+  // space, no saturation of an out-of-range value into a different one.
+  int64_t parsed = 0;
+  const auto [end, error] = std::from_chars(v.data(), v.data() + v.size(), parsed);
+  if (error != std::errc{} || end != v.data() + v.size() || parsed < min)
+    throw InvalidInput(fmt::format("{}: '{}' is not allowed; expected an integer from {} to {}", name,
+                                   v.size() <= 40 ? v : v.substr(0, 37) + "...", min,
+                                   std::numeric_limits<int64_t>::max()));
   return parsed;
 }
 

@@ -1,5 +1,7 @@
 #include "compiler/workspace.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -74,10 +76,17 @@ WorkspaceOffsets workspace_offsets(const LayerSpec& c, int64_t tokens) {
   return offsets;
 }
 
+int64_t max_layer_tokens(const LayerSpec& c) { return ((int64_t{1} << 31) - 1) / std::max(c.topk, 1); }
+
+void check_token_count(const LayerSpec& c, int64_t tokens, const char* field) {
+  if (tokens < 0 || tokens > max_layer_tokens(c))
+    throw InvalidInput(fmt::format("{}: {} is out of range; allowed 0..{} (tokens x topk {} below 2^31)", field, tokens,
+                                   max_layer_tokens(c), c.topk));
+}
+
 WorkspaceLayout plan_workspace(const LayerSpec& c, int64_t max_tokens) {
   validate(c);
-  if (max_tokens < 0)
-    throw InvalidInput(fmt::format("max_tokens: {} is out of range; allowed >= 0", max_tokens));
+  check_token_count(c, max_tokens, "max_tokens");
   WorkspaceLayout layout;
   layout.max_tokens = max_tokens;
   visit_workspace(c, max_tokens, [&](const char* name, int64_t bytes, const char* what, auto) {

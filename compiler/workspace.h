@@ -27,7 +27,13 @@ struct WorkspaceLayout {
   const WorkspaceBuffer& at(std::string_view name) const;
 };
 
-// Throws InvalidInput when max_tokens < 0 or the spec is invalid.
+// The most tokens one call of the layer takes: T * topk pairs below 2^31, since the kernels index
+// pairs in int32 (every workspace size then stays far inside int64).
+int64_t max_layer_tokens(const LayerSpec& spec);
+// Throws InvalidInput naming `field` and the allowed range when tokens is outside 0..max_layer_tokens.
+void check_token_count(const LayerSpec& spec, int64_t tokens, const char* field);
+
+// Throws InvalidInput when max_tokens is outside 0..max_layer_tokens or the spec is invalid.
 WorkspaceLayout plan_workspace(const LayerSpec& spec, int64_t max_tokens);
 
 // The same layout as byte offsets, computed without allocating or validating (a layer call

@@ -19,7 +19,7 @@
 namespace moejit {
 
 size_t Layer::workspace_bytes(int64_t max_tokens) const {
-  if (max_tokens < 0) throw InvalidInput(fmt::format("max_tokens: {} is out of range; allowed >= 0", max_tokens));
+  check_token_count(config(), max_tokens, "max_tokens");
   return static_cast<size_t>(workspace_offsets(config(), max_tokens).total_bytes);
 }
 

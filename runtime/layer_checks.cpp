@@ -18,11 +18,7 @@ void check_pointer(const void* p, const char* name, size_t alignment) {
   if (!aligned(p, alignment)) throw InvalidInput(fmt::format("{}: pointer {} is not {}-byte aligned", name, p, alignment));
 }
 
-void check_tokens(const LayerSpec& c, int64_t tokens) {
-  if (tokens < 0 || tokens * c.topk >= (int64_t{1} << 31))
-    throw InvalidInput(fmt::format("tokens: {} is out of range; allowed 0..{} for topk {}", tokens,
-                                   ((int64_t{1} << 31) - 1) / c.topk, c.topk));
-}
+void check_tokens(const LayerSpec& c, int64_t tokens) { check_token_count(c, tokens, "tokens"); }
 
 // With no tokens nothing per token is read or written, so those pointers may be null (an empty
 // torch tensor's data pointer is); the weights and scales are checked whatever the count.

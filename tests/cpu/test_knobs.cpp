@@ -233,8 +233,16 @@ TEST(Knobs, BadValuesNameTheVariable) {
   };
   const Case cases[] = {
       {"MOEJIT_DISK_CACHE", "maybe", "MOEJIT_DISK_CACHE: 'maybe' is not allowed; allowed values: 0, 1"},
-      {"MOEJIT_CACHE_MAX_BYTES", "-1", "MOEJIT_CACHE_MAX_BYTES: '-1' is not allowed; expected an integer >= 0"},
-      {"MOEJIT_COMPILE_THREADS", "2x", "MOEJIT_COMPILE_THREADS: '2x' is not allowed; expected an integer >= 1"},
+      {"MOEJIT_CACHE_MAX_BYTES", "-1",
+       "MOEJIT_CACHE_MAX_BYTES: '-1' is not allowed; expected an integer from 0 to 9223372036854775807"},
+      // Read strictly: no saturation of a too-large value, no surrounding space.
+      {"MOEJIT_CACHE_MAX_BYTES", "99999999999999999999",
+       "MOEJIT_CACHE_MAX_BYTES: '99999999999999999999' is not allowed; expected an integer from 0 to "
+       "9223372036854775807"},
+      {"MOEJIT_CACHE_MAX_BYTES", " 5", "MOEJIT_CACHE_MAX_BYTES: ' 5' is not allowed; expected an integer from 0 to 9223372036854775807"},
+      {"MOEJIT_CACHE_MAX_BYTES", "5 ", "MOEJIT_CACHE_MAX_BYTES: '5 ' is not allowed; expected an integer from 0 to 9223372036854775807"},
+      {"MOEJIT_COMPILE_THREADS", "2x",
+       "MOEJIT_COMPILE_THREADS: '2x' is not allowed; expected an integer from 1 to 9223372036854775807"},
       {"MOEJIT_LOG", "verbose", "MOEJIT_LOG: 'verbose' is not allowed; allowed values: off, info, debug"},
       {"MOEJIT_BACKEND", "cuda", "MOEJIT_BACKEND: 'cuda' is not allowed; allowed values: auto, jit, ixformer"},
   };

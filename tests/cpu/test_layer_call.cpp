@@ -3,9 +3,13 @@
 // call's buffers. The GPU tier runs these calls; here they are checked as values.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <variant>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "common/error.h"
 #include "compiler/families/grouped_gemm.h"
 #include "compiler/families/index.h"
 #include "compiler/layer_call.h"
@@ -120,6 +124,35 @@ TEST(LayerCall, Fp8FamiliesPackTheQuantizedBuffers) {
   EXPECT_EQ(layout.at("act_scale").bytes, 3 * 8 * 16 * 4);
   c.quant = Quant::Fp8Tensor;
   EXPECT_EQ(plan_workspace(c, 3).at("a_scale").bytes, 3 * 4);
+}
+
+// The largest token count a layer takes sizes a workspace well inside int64 for the largest layer
+// the config allows; one more, or a count whose products overflow, is refused by name.
+TEST(LayerCall, WorkspaceTokensAreBoundedByTheLayer) {
+  for (const char* name : {"mixtral-8x7b", "deepseek-v3", "qwen3-next-80b-a3b"}) {
+    for (Quant q : {Quant::None, Quant::W8A8Int8, Quant::Fp8Block}) {
+      MoeConfig c = preset(name);
+      c.quant = q;
+      c.hidden = 65536;  // the largest hidden the config allows
+      SCOPED_TRACE(std::string(name) + " " + std::string(to_string(q)));
+      const int64_t most = max_layer_tokens(c);
+      EXPECT_EQ(most, ((int64_t{1} << 31) - 1) / c.topk);
+      const WorkspaceLayout layout = plan_workspace(c, most);
+      EXPECT_GT(layout.total_bytes, 0);
+      EXPECT_LT(layout.total_bytes, int64_t{1} << 62);
+      for (const auto& b : layout.buffers) EXPECT_GE(b.bytes, 0) << b.name;
+      for (int64_t bad : {most + 1, int64_t{1} << 50, std::numeric_limits<int64_t>::max(), int64_t{-1}}) {
+        try {
+          plan_workspace(c, bad);
+          ADD_FAILURE() << bad << " tokens were accepted";
+        } catch (const InvalidInput& e) {
+          EXPECT_NE(std::string(e.what()).find(fmt::format("max_tokens: {} is out of range; allowed 0..{}", bad, most)),
+                    std::string::npos)
+              << e.what();
+        }
+      }
+    }
+  }
 }
 
 TEST(LayerCall, EachStepRunsItsBucketsKernelWithTheLaunchRulesGrid) {
