@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 
 namespace moejit {
@@ -451,15 +452,7 @@ MoeConfig load_config_file(const std::string& path, const FieldOverrides& overri
   std::error_code ec;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "config.json").string();
 
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    throw InvalidInput(fmt::format("{}: cannot open the config file: {}", file, std::strerror(errno)));
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw InvalidInput(fmt::format("{}: not valid JSON: {}", file, e.what()));
-  }
+  json j = read_bounded_json_file(file);
   if (!j.is_object())
     throw InvalidInput(fmt::format("{}: the JSON document must be an object, got {}", file, j.type_name()));
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "compiler/hf_config.h"
 #include "runtime/device_experts.h"
@@ -47,7 +48,7 @@ int guarded(Fn&& fn) {
 moejit::FieldOverrides parse_overrides(const char* overrides_json) {
   moejit::FieldOverrides overrides;
   if (!overrides_json || !*overrides_json) return overrides;
-  nlohmann::json j = nlohmann::json::parse(overrides_json);
+  nlohmann::json j = moejit::parse_bounded_json(overrides_json, "overrides_json");
   if (!j.is_object()) throw moejit::InvalidInput("overrides_json: must be a JSON object of field overrides");
   for (auto& [key, value] : j.items()) overrides[key] = value.is_string() ? value.get<std::string>() : value.dump();
   return overrides;
@@ -57,7 +58,7 @@ moejit::MoeConfig resolve_config(const std::string& text, const moejit::FieldOve
   using namespace moejit;
   if (text.empty()) throw InvalidInput("config: empty; give a preset name, a file path or a JSON text");
   if (text.front() == '{') {
-    nlohmann::json j = nlohmann::json::parse(text);
+    nlohmann::json j = parse_bounded_json(text, "config");
     if (j.contains("model_type")) return config_from_hf_json(j, overrides);
     MoeConfig c = config_from_json(j);
     for (const auto& [field, value] : overrides) set_field(c, field, value);

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/expert_tensors.h"
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "compiler/hf_config.h"
 
@@ -43,7 +44,7 @@ c10::Dict<std::string, at::Tensor> load_experts(const std::string& model_dir, in
                                                  const std::string& overrides_json) {
   try {
     FieldOverrides overrides;
-    const nlohmann::json o = nlohmann::json::parse(overrides_json.empty() ? "{}" : overrides_json);
+    const nlohmann::json o = parse_bounded_json(overrides_json.empty() ? "{}" : overrides_json, "load_experts overrides");
     TORCH_CHECK_VALUE(o.is_object(), "moejit: load_experts overrides must be a JSON object");
     for (const auto& [field, value] : o.items())
       overrides[field] = value.is_string() ? value.get<std::string>() : value.dump();

@@ -27,6 +27,7 @@
 
 #include "backends/torch/cpu_kernels.h"
 #include "backends/torch/dtype.h"
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/knobs.h"
 #include "compiler/hf_config.h"
@@ -54,7 +55,7 @@ ConfigEntry& entry_for(const std::string& config_json) {
   if (it != registry().end()) return it->second;
   MoeConfig config;
   try {
-    config = config_from_json(nlohmann::json::parse(config_json));
+    config = config_from_json(parse_bounded_json(config_json, "config_json"));
     validate(config);
   } catch (const nlohmann::json::exception& e) {
     TORCH_CHECK_VALUE(false, "moejit: config is not valid JSON: ", e.what());
