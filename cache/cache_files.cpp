@@ -134,12 +134,13 @@ int write_file(int dirfd, const char* name, std::string_view data) {
   return 0;
 }
 
-FileState read_file(int dirfd, const char* name, std::string* out) {
-  Fd fd(::openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+FileState read_file(int dirfd, const char* name, std::string* out, size_t max_bytes) {
+  Fd fd(::openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) return errno == ENOENT ? FileState::Missing : FileState::Unreadable;
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return FileState::Unreadable;
   if (!trusted(st)) return FileState::Refused;
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return FileState::TooLarge;
   out->clear();
   out->reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
@@ -151,6 +152,7 @@ FileState read_file(int dirfd, const char* name, std::string* out) {
     }
     if (r == 0) break;
     out->append(buf, static_cast<size_t>(r));
+    if (out->size() > max_bytes) return FileState::TooLarge;  // it grew while read
   }
   return FileState::Ok;
 }

@@ -88,12 +88,14 @@ int64_t bytes_in(const std::string& dir);
 // publishes.
 int write_file(int dirfd, const char* name, std::string_view data);
 
-enum class FileState { Ok, Missing, Refused, Unreadable };
+enum class FileState { Ok, Missing, Refused, Unreadable, TooLarge };
 
 // Reads a whole file of `dirfd`, refusing one that is not a regular file owned by this user and
-// closed to writes by group/others (Refused), or a link (Unreadable). Reading relative to an
-// opened folder means a concurrent rename of the folder cannot mix in another folder's files.
-FileState read_file(int dirfd, const char* name, std::string* out);
+// closed to writes by group/others (Refused), a link or anything but a regular file (Unreadable:
+// opened without blocking, so a FIFO cannot hang the reader), or one larger than max_bytes
+// (TooLarge: a huge sparse file is never allocated). Reading relative to an opened folder means a
+// concurrent rename of the folder cannot mix in another folder's files.
+FileState read_file(int dirfd, const char* name, std::string* out, size_t max_bytes);
 
 // "<prefix>.<pid>.<n>": unique within this process, and among live processes. A name left by a
 // dead process with the same pid can exist: callers renaming onto it see EEXIST and retry.

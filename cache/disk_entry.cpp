@@ -1,6 +1,7 @@
 #include "cache/disk_entry.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -20,6 +21,14 @@ bool safe_component(std::string_view s, size_t min_len, size_t max_len) {
   return std::all_of(s.begin(), s.end(), [](char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
            c == '-';
+  });
+}
+
+// A C identifier of at most 256 characters (what NVRTC entry names are).
+bool identifier(std::string_view s) {
+  if (s.empty() || s.size() > 256 || (s[0] >= '0' && s[0] <= '9')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
   });
 }
 
@@ -63,17 +72,18 @@ EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key)
   EntryRead r;
   std::string meta_text;
   CachedBinary& b = r.binary;
-  const std::pair<const char*, std::string*> files[] = {
-      {kMeta, &meta_text}, {kCubin, &b.cubin}, {kSource, &b.source}};
-  for (const auto& [name, out] : files) {
-    switch (cache_files::read_file(dirfd, name, out)) {
+  const std::tuple<const char*, std::string*, size_t> files[] = {
+      {kMeta, &meta_text, kMaxMetaBytes}, {kCubin, &b.cubin, kMaxBinaryBytes}, {kSource, &b.source, kMaxBinaryBytes}};
+  for (const auto& [name, out, max_bytes] : files) {
+    switch (cache_files::read_file(dirfd, name, out, max_bytes)) {
       case FileState::Ok: break;
       case FileState::Refused:
         r.status = EntryRead::Refused;
         r.why = fmt::format("{} is not owned by this user or is writable by others", name);
         return r;
       case FileState::Missing: r.why = fmt::format("{} is missing", name); return r;
-      case FileState::Unreadable: r.why = fmt::format("{} cannot be read", name); return r;
+      case FileState::Unreadable: r.why = fmt::format("{} cannot be read (or is not a regular file)", name); return r;
+      case FileState::TooLarge: r.why = fmt::format("{} is larger than an entry's {} bytes", name, max_bytes); return r;
     }
   }
   json meta = json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
@@ -90,10 +100,18 @@ EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key)
     return r;
   }
   auto names = meta.find("kernel_names");
-  if (names == meta.end() || !string_list(*names, &b.kernel_names)) {
+  if (names == meta.end() || !string_list(*names, &b.kernel_names) || b.kernel_names.empty()) {
     r.why = "meta.json has no kernel_names list";
     return r;
   }
+  // Every name an entry point of the cubin (the SHA-256 vouches for the cubin, not for the names):
+  // a renamed or bit-flipped name would fail only at launch.
+  for (const std::string& name : b.kernel_names)
+    if (!identifier(name) || b.cubin.find(name) == std::string::npos) {
+      r.why = fmt::format("meta.json lists kernel '{}', which kernel.cubin does not hold",
+                          name.size() <= 80 ? name : name.substr(0, 77) + "...");
+      return r;
+    }
   if (str("cubin_sha256") != sha256_hex(b.cubin)) {
     r.why = "kernel.cubin does not match its SHA-256 in meta.json";
     return r;
@@ -113,7 +131,7 @@ EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key)
 std::vector<std::string> kernel_names(int dirfd) {
   std::vector<std::string> names;
   std::string text;
-  if (cache_files::read_file(dirfd, kMeta, &text) == FileState::Ok) {
+  if (cache_files::read_file(dirfd, kMeta, &text, kMaxMetaBytes) == FileState::Ok) {
     json meta = json::parse(text, nullptr, false);
     if (meta.is_object() && meta.contains("kernel_names")) string_list(meta["kernel_names"], &names);
   }

@@ -14,6 +14,10 @@ namespace moejit::disk_entry {
 inline constexpr const char* kSource = "kernel.cu";
 inline constexpr const char* kCubin = "kernel.cubin";
 inline constexpr const char* kMeta = "meta.json";
+// What an entry's files may hold; a larger one is a bad entry (quarantined), never read whole.
+// One layer's largest unit (the experts' GEMMs) is a few MB of cubin and source.
+inline constexpr size_t kMaxBinaryBytes = size_t{256} << 20;
+inline constexpr size_t kMaxMetaBytes = size_t{1} << 20;
 
 // Arch and key become path components: only [0-9A-Za-z_-], so never ".", "..", "/" or a dot
 // that would make the tmp/quarantine names ambiguous. Arch may not shadow the service folders.

@@ -68,8 +68,11 @@ CachedBinary make_binary(const std::string& arch, const std::string& key, size_t
   b.arch = arch;
   b.key = key;
   b.source = "extern \"C\" __global__ void moejit_test_" + key.substr(0, 8) + "() {}\n";
-  b.cubin = std::string(cubin_bytes, fill);
   b.kernel_names = {"moejit_test_" + key.substr(0, 8), "moejit_other"};
+  // A cubin holds its entry points' names (an entry's load checks that): written over its start.
+  b.cubin = std::string(cubin_bytes, fill);
+  const std::string names = b.kernel_names[0] + '\0' + b.kernel_names[1] + '\0';
+  b.cubin.replace(0, std::min(names.size(), cubin_bytes), names, 0, std::min(names.size(), cubin_bytes));
   b.meta = {{"nvrtc_ms", 12.5}, {"options", {"-arch=sm_90a", "-default-device"}}};
   return b;
 }
@@ -161,7 +164,7 @@ TEST(DiskCache, PublishAndLoadRoundTrip) {
   ASSERT_TRUE(disk.usable()) << disk.reason();
   std::string key = key_of("round-trip");
   CachedBinary b = make_binary("sm_90a", key);
-  b.cubin[7] = '\0';  // binary-safe
+  b.cubin[100] = '\0';  // binary-safe (past the entry names at its start)
   std::string error;
   ASSERT_TRUE(disk.publish(b, &error)) << error;
 
@@ -660,6 +663,40 @@ TEST(DiskCache, BadMetaOrMissingFilesAreQuarantined) {
          m["key"] = key_of("someone else");
          write_text(d + "/meta.json", m.dump());
        }},
+      {"meta.json with no kernel names",
+       [](const std::string& d) {
+         auto m = nlohmann::json::parse(read_text(d + "/meta.json"));
+         m["kernel_names"] = nlohmann::json::array();
+         write_text(d + "/meta.json", m.dump());
+       }},
+      {"meta.json with a renamed kernel",
+       [](const std::string& d) {
+         auto m = nlohmann::json::parse(read_text(d + "/meta.json"));
+         m["kernel_names"][0] = "moejit_renamed";
+         write_text(d + "/meta.json", m.dump());
+       }},
+      {"meta.json with a bit-flipped kernel name",
+       [](const std::string& d) {
+         auto m = nlohmann::json::parse(read_text(d + "/meta.json"));
+         std::string name = m["kernel_names"][1];
+         name[3] ^= 0x01;
+         m["kernel_names"][1] = name;
+         write_text(d + "/meta.json", m.dump());
+       }},
+      // Neither may hang or exhaust memory: a FIFO is not opened for a blocking read, a file past
+      // an entry's size is not read.
+      {"kernel.cubin a FIFO",
+       [](const std::string& d) {
+         fs::remove(d + "/kernel.cubin");
+         ASSERT_EQ(::mkfifo((d + "/kernel.cubin").c_str(), 0600), 0);
+       }},
+      {"meta.json a FIFO",
+       [](const std::string& d) {
+         fs::remove(d + "/meta.json");
+         ASSERT_EQ(::mkfifo((d + "/meta.json").c_str(), 0600), 0);
+       }},
+      {"kernel.cubin a 64 GiB sparse file",
+       [](const std::string& d) { fs::resize_file(d + "/kernel.cubin", uintmax_t{64} << 30); }},
       {"meta.json missing", [](const std::string& d) { fs::remove(d + "/meta.json"); }},
       {"kernel.cubin missing", [](const std::string& d) { fs::remove(d + "/kernel.cubin"); }},
       {"kernel.cubin truncated", [](const std::string& d) { fs::resize_file(d + "/kernel.cubin", 10); }},
