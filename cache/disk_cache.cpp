@@ -96,6 +96,8 @@ DiskCache::DiskCache(std::string root, int64_t max_bytes)
 std::string DiskCache::open_root() {
   if (root_.empty()) return "no cache root is set";
   while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+  // The cache takes over its root's v1/ folder: the filesystem's root is nobody's cache.
+  if (root_ == "/") return "the cache root is '/', the filesystem's root; give the cache a folder of its own";
   if (int err = mkdir_p(root_)) return describe_failure(root_, "creating it", err);
   struct stat st {};
   if (::stat(root_.c_str(), &st) != 0) return describe_failure(root_, "stat", errno);
@@ -200,6 +202,12 @@ bool DiskCache::publish(const CachedBinary& binary, std::string* error) {
 
   std::string dir = entry_dir(binary.arch, binary.key);
   std::string parent = parent_of(dir);
+  // Whatever stands where a folder of this path belongs (a file, a link, to another entry or
+  // anywhere) is moved to the quarantine: left there it would fail every publish of the key.
+  for (const std::string& path : {parent_of(parent), parent, dir}) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) quarantine(path);
+  }
   if (int err = mkdir_p(parent)) return fail(fmt::format("creating {}: {}", parent, errno_text(err)));
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
     // EEXIST/ENOTEMPTY: another process published this key first. Its entry is equivalent (same

@@ -723,6 +723,50 @@ TEST(DiskCache, BadMetaOrMissingFilesAreQuarantined) {
   }
 }
 
+// Whatever stands where an entry's folders belong (a file, a link to another entry) is moved to
+// the quarantine by the next publish, which then succeeds; it once failed every run.
+TEST(DiskCache, PublishHealsWhatStandsInAnEntrysPlace) {
+  const char* damages[] = {"entry is a file", "entry links to another entry", "prefix is a file", "prefix is a link",
+                           "arch folder is a file"};
+  for (const char* damage : damages) {
+    SCOPED_TRACE(damage);
+    TempDir tmp;
+    DiskCache disk(tmp.root(), 0);
+    ASSERT_TRUE(disk.usable()) << disk.reason();
+    const std::string key = key_of(damage), other = key_of(std::string(damage) + " other");
+    std::string error;
+    ASSERT_TRUE(disk.publish(make_binary("sm_90a", other), &error)) << error;
+    const std::string dir = entry_path(tmp.root(), key), prefix = fs::path(dir).parent_path().string();
+    const std::string arch = fs::path(prefix).parent_path().string();
+    const std::string d = damage;
+    if (d == "arch folder is a file") {
+      fs::remove_all(arch);
+      write_text(arch, "x");
+    } else if (d.starts_with("prefix")) {
+      fs::remove_all(prefix);
+      if (d == "prefix is a file") write_text(prefix, "x");
+      else fs::create_directory_symlink(fs::path(entry_path(tmp.root(), other)).parent_path(), prefix);
+    } else {
+      fs::create_directories(prefix);
+      if (d == "entry is a file") write_text(dir, "x");
+      else fs::create_directory_symlink(entry_path(tmp.root(), other), dir);
+    }
+    EXPECT_FALSE(disk.load("sm_90a", key).has_value());
+    ASSERT_TRUE(disk.publish(make_binary("sm_90a", key), &error)) << error;
+    EXPECT_TRUE(disk.load("sm_90a", key).has_value());
+    EXPECT_FALSE(names_in(tmp.root() + "/v1/quarantine").empty());
+    if (d != "arch folder is a file" && d != "prefix is a file") {  // the linked-to entry is untouched
+      EXPECT_TRUE(disk.load("sm_90a", other).has_value());
+    }
+  }
+}
+
+TEST(DiskCache, FilesystemRootIsNotACacheRoot) {
+  DiskCache disk("/", 0);
+  EXPECT_FALSE(disk.usable());
+  EXPECT_NE(disk.reason().find("the filesystem's root"), std::string::npos) << disk.reason();
+}
+
 TEST(DiskCache, VerifyReportsAndQuarantinesBadEntries) {
   TempDir tmp;
   DiskCache disk(tmp.root(), 0);
