@@ -33,6 +33,7 @@
 
 #include "cache/cache_files.h"
 #include "cache/disk_entry.h"
+#include "common/error.h"
 
 namespace moejit {
 
@@ -90,7 +91,7 @@ DiskCache::DiskCache(std::string root, int64_t max_bytes)
     : root_(std::move(root)), max_bytes_(max_bytes) {
   reason_ = open_root();
   usable_ = reason_.empty();
-  if (usable_) sweep_tmp();
+  if (usable_ && !read_only_) sweep_tmp();
 }
 
 std::string DiskCache::open_root() {
@@ -103,20 +104,38 @@ std::string DiskCache::open_root() {
   if (::stat(root_.c_str(), &st) != 0) return describe_failure(root_, "stat", errno);
   if (std::string why = distrust(root_, st); !why.empty()) return "cache root " + why;
   // The service folders are checked without following links: a link here was not made by us.
+  // A populated cache that cannot be written (a read-only bind mount or image layer, mode 555: how
+  // a fleet ships prebuilt binaries) is still read: read_only_, loads only.
+  auto read_only_error = [](int err) { return err == EROFS || err == EACCES || err == EPERM; };
+  int refused = 0;  // the errno of a service folder that could not be created
   for (const char* sub : {"/v1", "/v1/tmp", "/v1/quarantine", "/v1/locks"}) {
     std::string path = root_ + sub;
     if (::mkdir(path.c_str(), 0700) == 0) {
       (void)::chmod(path.c_str(), 0700);
     } else if (errno != EEXIST) {
-      return describe_failure(root_, "creating " + path, errno);
+      const int err = errno;
+      if (!read_only_error(err)) return describe_failure(root_, "creating " + path, err);
+      read_only_ = true;
+      refused = err;
+      // Without v1/ there is nothing to read; the service folders only matter for writing.
+      if (::lstat(path.c_str(), &st) != 0) {
+        if (std::string(sub) == "/v1") return describe_failure(root_, "creating " + path, err);
+        continue;
+      }
     }
     if (::lstat(path.c_str(), &st) != 0) return describe_failure(root_, "stat " + path, errno);
     if (std::string why = distrust(path, st); !why.empty()) return "cache folder " + why;
   }
   // The folders may exist from an earlier run on a now read-only disk: probe by writing.
   std::string probe = root_ + "/v1/tmp/probe.XXXXXX";
-  int fd = ::mkstemp(probe.data());
-  if (fd < 0) return describe_failure(root_, "creating a file in " + root_ + "/v1/tmp", errno);
+  const int fd = read_only_ ? -1 : ::mkstemp(probe.data());
+  if (fd < 0) {
+    const int err = read_only_ ? refused : errno;
+    if (!read_only_error(err)) return describe_failure(root_, "creating a file in " + root_ + "/v1/tmp", err);
+    read_only_ = true;
+    read_only_reason_ = describe_failure(root_, "creating a file in " + root_ + "/v1/tmp", err);
+    return {};
+  }
   ::close(fd);
   ::unlink(probe.c_str());
   return {};
@@ -183,6 +202,7 @@ bool DiskCache::publish(const CachedBinary& binary, std::string* error) {
     return false;
   };
   if (!usable_) return fail(reason_);
+  if (read_only_) return fail(read_only_reason_);
   if (!valid_arch(binary.arch) || !valid_key(binary.key))
     return fail(fmt::format("arch '{}' or key '{}' cannot name a cache entry", binary.arch, binary.key));
 
@@ -369,6 +389,7 @@ int DiskCache::evict_to(int64_t max_bytes, const std::string& keep) {
 
 int DiskCache::prune(int64_t max_bytes) {
   if (!usable_) return 0;
+  if (read_only_) throw Error(read_only_reason_ + "; nothing can be evicted");
   return evict_to(std::max<int64_t>(max_bytes, 0), std::string());
 }
 
@@ -377,6 +398,7 @@ int DiskCache::prune(int64_t max_bytes) {
 // duplicate compile, never a bad entry.
 int DiskCache::clear() {
   if (!usable_) return 0;
+  if (read_only_) throw Error(read_only_reason_ + "; nothing can be removed");
   int removed = 0;
   for (const auto& s : scan()) {
     bool gone = false;

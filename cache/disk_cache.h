@@ -51,6 +51,10 @@ class DiskCache {
 
   bool usable() const { return usable_; }
   const std::string& reason() const { return reason_; }
+  // A usable cache that cannot be written: load() reads its entries, publish() fails saying so
+  // (read_only_reason), prune() and clear() throw Error.
+  bool read_only() const { return read_only_; }
+  const std::string& read_only_reason() const { return read_only_reason_; }
   const std::string& root() const { return root_; }
 
   // The entry for (arch, key), verified; nullopt on a miss, a refused or a corrupt entry.
@@ -88,6 +92,8 @@ class DiskCache {
   int64_t max_bytes_;
   bool usable_ = false;
   std::string reason_;
+  bool read_only_ = false;
+  std::string read_only_reason_;
 };
 
 }  // namespace moejit

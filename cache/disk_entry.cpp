@@ -100,7 +100,8 @@ EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key)
     return r;
   }
   auto names = meta.find("kernel_names");
-  if (names == meta.end() || !string_list(*names, &b.kernel_names) || b.kernel_names.empty()) {
+  // A cubin has entry points; only a record without one (an autotune record) lists none.
+  if (names == meta.end() || !string_list(*names, &b.kernel_names) || (b.kernel_names.empty() && !b.cubin.empty())) {
     r.why = "meta.json has no kernel_names list";
     return r;
   }

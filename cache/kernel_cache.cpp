@@ -35,8 +35,13 @@ KernelCache::KernelCache(const CacheOptions& options) {
     return;
   }
   disk_ = std::make_unique<DiskCache>(options.root, options.max_bytes);
-  if (!disk_->usable())
+  if (!disk_->usable()) {
     warning_ = fmt::format("moejit: {}; keeping binaries in memory only", disk_->reason());
+  } else if (disk_->read_only()) {
+    warning_ = fmt::format("moejit: {}; loading its entries, keeping new binaries in memory only",
+                           disk_->read_only_reason());
+    publish_failed_ = true;  // nothing to try: every publish would fail the same way
+  }
 }
 
 std::shared_ptr<const CachedBinary> KernelCache::get_or_build(

@@ -27,6 +27,7 @@
 
 #include "cache/cache_key.h"
 #include "cache/disk_cache.h"
+#include "common/error.h"
 #include "cache/kernel_cache.h"
 
 namespace moejit {
@@ -926,7 +927,13 @@ TEST(DiskCache, UnwritableRootFallsBackToMemory) {
     { DiskCache create(tmp.root(), 0); }
     ASSERT_EQ(::chmod(tmp.root().c_str(), 0500), 0);
     ASSERT_EQ(::chmod((tmp.root() + "/v1/tmp").c_str(), 0500), 0);
-    expect_memory_fallback(tmp.root(), "read-only");
+    {  // a read-only root the cache ran in before still loads: publish before, then read-only
+      KernelCache ro(CacheOptions{tmp.root(), 0, true});
+      ASSERT_NE(ro.disk(), nullptr);
+      EXPECT_TRUE(ro.disk()->read_only());
+      EXPECT_NE(ro.warning().find("read-only"), std::string::npos) << ro.warning();
+      EXPECT_THROW(ro.disk()->prune(0), Error);
+    }
     std::string parent = tmp.path() + "/ro-parent";
     ASSERT_EQ(::mkdir(parent.c_str(), 0500), 0);
     expect_memory_fallback(parent + "/cache", "read-only");
@@ -936,41 +943,56 @@ TEST(DiskCache, UnwritableRootFallsBackToMemory) {
 }
 
 // A really read-only filesystem (EROFS), for root too: in a child process with its own mount
-// namespace, the test folder is bind-mounted read-only and a worker runs get_or_build there.
-// Needs CAP_SYS_ADMIN (root on a VM; often not in a container), else it is skipped.
-TEST(DiskCache, ReadOnlyFilesystemFallsBackToMemory) {
+// namespace, the test folder is bind-mounted read-only and a worker runs get_or_build there. A
+// populated read-only cache (how a fleet ships prebuilt binaries) must load its entries; a key it
+// lacks is built and kept in memory. Needs CAP_SYS_ADMIN (root on a VM; often not in a
+// container), else it is skipped.
+TEST(DiskCache, ReadOnlyFilesystemLoadsItsEntriesAndKeepsNewOnesInMemory) {
   TempDir tmp;
-  { DiskCache create(tmp.root(), 0); }  // an existing cache, then the disk turns read-only
-  std::string key = key_of("erofs");
-  int pipefd[2];
-  ASSERT_EQ(::pipe(pipefd), 0);
-  // Everything the child needs is prepared before fork: the child only makes system calls.
-  std::string exe = MOEJIT_CACHE_WORKER, root = tmp.root();
-  const char* dir = tmp.path().c_str();
-  char* argv[] = {exe.data(), const_cast<char*>("get_or_build"), root.data(),
-                  const_cast<char*>("sm_90a"), key.data(), const_cast<char*>("1000"), nullptr};
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(pipefd[1], 1);
-    ::close(pipefd[0]);
-    ::close(pipefd[1]);
-    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount(dir, dir, nullptr, MS_BIND, nullptr) != 0 ||
-        ::mount(nullptr, dir, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
-      ::_exit(77);
-    ::execv(argv[0], argv);
-    ::_exit(127);
+  const std::string present = key_of("erofs present"), absent = key_of("erofs absent");
+  {
+    DiskCache create(tmp.root(), 0);  // an existing cache, then the disk turns read-only
+    std::string error;
+    ASSERT_TRUE(create.publish(make_binary("sm_90a", present), &error)) << error;
   }
-  ::close(pipefd[1]);
+  auto run_read_only = [&](const std::string& key, int* status) {
+    int pipefd[2];
+    EXPECT_EQ(::pipe(pipefd), 0);
+    // Everything the child needs is prepared before fork: the child only makes system calls.
+    std::string exe = MOEJIT_CACHE_WORKER, root = tmp.root(), k = key;
+    const char* dir = tmp.path().c_str();
+    char* argv[] = {exe.data(), const_cast<char*>("get_or_build"), root.data(),
+                    const_cast<char*>("sm_90a"), k.data(), const_cast<char*>("1000"), nullptr};
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(pipefd[1], 1);
+      ::close(pipefd[0]);
+      ::close(pipefd[1]);
+      if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          ::mount(dir, dir, nullptr, MS_BIND, nullptr) != 0 ||
+          ::mount(nullptr, dir, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
+        ::_exit(77);
+      ::execv(argv[0], argv);
+      ::_exit(127);
+    }
+    ::close(pipefd[1]);
+    return finish_worker(Worker{pid, pipefd[0]}, status);
+  };
   int status = 0;
-  std::string out = finish_worker(Worker{pid, pipefd[0]}, &status);
+  std::string out = run_read_only(present, &status);
   ASSERT_TRUE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot make a read-only bind mount here (no CAP_SYS_ADMIN)";
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  EXPECT_NE(out.find("outcome=built\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("outcome=disk\n"), std::string::npos) << out;
   EXPECT_NE(out.find("read-only"), std::string::npos) << out;
-  EXPECT_NE(out.find("keeping binaries in memory only"), std::string::npos) << out;
-  EXPECT_TRUE(DiskCache(tmp.root(), 0).list().empty());
+  out = run_read_only(absent, &status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("outcome=built\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("keeping new binaries in memory only"), std::string::npos) << out;
+  // Nothing was written: the absent key is still absent, the present one intact.
+  DiskCache after(tmp.root(), 0);
+  EXPECT_TRUE(after.load("sm_90a", present).has_value());
+  EXPECT_FALSE(after.load("sm_90a", absent).has_value());
 }
 
 // ---- size cap ------------------------------------------------------------------------------
