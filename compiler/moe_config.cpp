@@ -304,8 +304,8 @@ QuantTensorShapes quant_tensor_shapes(const LayerSpec& c) {
 }
 
 std::vector<std::string> routing_errors(const MoeConfig& c) {
-  std::vector<std::string> errors;
-  const std::string use = "such a layer serves experts-only calls (the caller's topk_ids), not routing";
+  std::vector<std::string> errors;  // (built only for a config that fails: forward checks every call)
+  constexpr const char* use = "such a layer serves experts-only calls (the caller's topk_ids), not routing";
   if (c.topk > c.experts) {
     errors.push_back(fmt::format("topk: {} is more than experts ({}): routing picks topk distinct experts; {}", c.topk,
                                  c.experts, use));
