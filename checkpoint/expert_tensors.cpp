@@ -217,6 +217,16 @@ std::string tensor_problem(const Checkpoint& checkpoint, const ExpectedTensor& x
                      fmt::join(shapes, " or "), fmt::join(x.dtypes, " or "));
 }
 
+std::vector<std::pair<const char*, const HostTensor*>> ExpertWeights::named() const {
+  std::vector<std::pair<const char*, const HostTensor*>> out = {{"w13", &w13}, {"w2", &w2}};
+  const std::pair<const char*, const std::optional<HostTensor>*> optional[] = {
+      {"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"e_score_correction_bias", &correction_bias},
+      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}};
+  for (const auto& [name, t] : optional)
+    if (t->has_value()) out.emplace_back(name, &**t);
+  return out;
+}
+
 ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, const MoeLayerTensors& layer) {
   auto fail = [&](std::string_view why) { layer_error(checkpoint, layer, why); };
   if (c.quant == Quant::W8A8Int8)

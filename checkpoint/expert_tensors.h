@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -76,6 +77,10 @@ struct HostTensor {
 struct ExpertWeights {
   HostTensor w13, w2;
   std::optional<HostTensor> w13_scale, w2_scale, correction_bias, w13_bias, w2_bias;
+
+  // The tensors present, under the names the layer's inputs use ("w13", "w2", "w13_scale",
+  // "w2_scale", "e_score_correction_bias", "w13_bias", "w2_bias"), in that order.
+  std::vector<std::pair<const char*, const HostTensor*>> named() const;
 };
 
 // Reads and packs one layer. Throws InvalidInput naming the tensor (and its file) that is missing,

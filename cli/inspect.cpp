@@ -83,16 +83,7 @@ bool report_layer(const Checkpoint& ckpt, const std::vector<std::string>& names,
 void dump_experts(const Checkpoint& ckpt, const MoeConfig& config, const MoeLayerTensors& layer, const std::string& path) {
   const ExpertWeights w = load_experts(ckpt, config, layer);
   std::vector<TensorToWrite> tensors;
-  auto add = [&](const char* name, const HostTensor& t) {
-    tensors.push_back({name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  };
-  add("w13", w.w13);
-  add("w2", w.w2);
-  if (w.w13_scale) add("w13_scale", *w.w13_scale);
-  if (w.w2_scale) add("w2_scale", *w.w2_scale);
-  if (w.correction_bias) add("e_score_correction_bias", *w.correction_bias);
-  if (w.w13_bias) add("w13_bias", *w.w13_bias);
-  if (w.w2_bias) add("w2_bias", *w.w2_bias);
+  for (const auto& [name, t] : w.named()) tensors.push_back({name, t->dtype, t->shape, t->bytes.data(), t->bytes.size()});
   write_safetensors(path, tensors);
   fmt::print("wrote {}: layer {} for ep_rank {} of {}, tp_rank {} of {}:", path, layer.layer, config.ep_rank,
              config.ep_size, config.tp_rank, config.tp_size);

@@ -39,21 +39,14 @@ std::unique_ptr<DeviceExperts> DeviceExperts::upload(const checkpoint::ExpertWei
   check_cuda(d.primary_ctx_retain(&out->context_, out->device_), "cuDevicePrimaryCtxRetain");
   // From here the destructor frees what was allocated and releases the context.
   const CurrentContext current(out->context_);
-  auto add = [&](const char* name, const checkpoint::HostTensor& t) {
-    Buffer b{name, 0, t.bytes.size()};
+  for (const auto& [name, t] : w.named()) {
+    Buffer b{name, 0, t->bytes.size()};
     check_cuda(d.mem_alloc(&b.ptr, std::max<size_t>(b.bytes, 1)),
                fmt::format("cuMemAlloc of {} ({} bytes) on device {}", name, b.bytes, ordinal).c_str());
     out->buffers_.push_back(b);
     // Synchronous from pageable host memory: the tensor is in place when this returns.
-    if (b.bytes) check_cuda(d.memcpy_htod(b.ptr, t.bytes.data(), b.bytes), fmt::format("cuMemcpyHtoD of {}", name).c_str());
-  };
-  add("w13", w.w13);
-  add("w2", w.w2);
-  if (w.w13_scale) add("w13_scale", *w.w13_scale);
-  if (w.w2_scale) add("w2_scale", *w.w2_scale);
-  if (w.correction_bias) add("e_score_correction_bias", *w.correction_bias);
-  if (w.w13_bias) add("w13_bias", *w.w13_bias);
-  if (w.w2_bias) add("w2_bias", *w.w2_bias);
+    if (b.bytes) check_cuda(d.memcpy_htod(b.ptr, t->bytes.data(), b.bytes), fmt::format("cuMemcpyHtoD of {}", name).c_str());
+  }
   return out;
 }
 
