@@ -303,7 +303,7 @@ QuantTensorShapes quant_tensor_shapes(const LayerSpec& c) {
   return {};
 }
 
-std::vector<std::string> routing_errors(const MoeConfig& c) {
+std::vector<std::string> routing_errors(const LayerSpec& c) {
   std::vector<std::string> errors;  // (built only for a config that fails: forward checks every call)
   constexpr const char* use = "such a layer serves experts-only calls (the caller's topk_ids), not routing";
   if (c.topk > c.experts) {
@@ -320,12 +320,10 @@ std::vector<std::string> routing_errors(const MoeConfig& c) {
   return errors;
 }
 
-void check_routable(const MoeConfig& config) {
-  auto errors = routing_errors(config);
+void check_routable(const LayerSpec& spec) {
+  auto errors = routing_errors(spec);
   if (!errors.empty()) throw InvalidInput(errors.front());
 }
-
-void check_routable(const LayerSpec& spec) { check_routable(at_placement(spec)); }
 
 void validate(const MoeConfig& config) {
   auto errors = validation_errors(config);

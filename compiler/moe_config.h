@@ -140,9 +140,8 @@ std::vector<std::string> validation_errors(const MoeConfig& config);
 
 // What a valid config lacks for routing (route, forward): topk distinct experts to pick, within
 // the kept groups. Empty when it routes; a config that does not still serves experts-only calls.
-std::vector<std::string> routing_errors(const MoeConfig& config);
+std::vector<std::string> routing_errors(const LayerSpec& spec);
 // Throws InvalidInput with the first of routing_errors.
-void check_routable(const MoeConfig& config);
 void check_routable(const LayerSpec& spec);
 
 // Sets one field from text, as the CLI overrides and the moejit JSON format spell it

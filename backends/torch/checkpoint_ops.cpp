@@ -1,8 +1,9 @@
 // moejit::load_experts(model_dir, layer, overrides) -> Dict(str, Tensor): one MoE layer of a
 // safetensors checkpoint packed as the layer call takes it (checkpoint/expert_tensors.h), for the
 // rank the overrides name, as CPU tensors: "w13", "w2", and per config "w13_scale", "w2_scale",
-// "e_score_correction_bias", "w13_bias", "w2_bias". The config is the folder's config.json with `overrides` (a JSON object
-// of config field -> value, e.g. {"ep_size": "8", "ep_rank": "3"}) applied, as the CLI's flags.
+// "e_score_correction_bias", "w13_bias", "w2_bias". The config is the folder's config.json with
+// `overrides` (a JSON object of config field -> value, e.g. {"ep_size": "8", "ep_rank": "3"})
+// applied, as the CLI's flags.
 // Errors are ValueError naming the file and the tensor.
 #include <ATen/ATen.h>
 #include <torch/library.h>

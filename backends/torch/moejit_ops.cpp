@@ -411,7 +411,6 @@ at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::T
                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
                         const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
                         const std::optional<at::Tensor>& w2_bias) {
-  check_routable_config(parse_config(config_json));
   check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
              w2_bias);
   return at::empty_like(hidden);

@@ -223,6 +223,10 @@ def test_experts_with_more_slots_than_experts(ids_dtype, device):
     assert ref[0].abs().sum() > 0 and ref[1].abs().sum() == 0
     assert rel_error(out.cpu(), ref) < TOLERANCE[torch.float32]
     assert torch.all(out[1] == 0)
+    # Tracing the experts-only call (Meta) takes the config too; routing on Meta refuses it.
+    meta = torch.ops.moejit.experts(t["hidden"].to("meta"), ids.to("meta"), weights.to("meta"), t["w13"].to("meta"),
+                                    t["w2"].to("meta"), None, None, None, None, None, j)
+    assert meta.shape == (7, cfg.hidden) and meta.device.type == "meta"
     for dev in (device, "meta"):
         logits = torch.randn(7, 1, device=dev)
         with pytest.raises(ValueError, match=r"topk: 4 is more than experts \(1\).*experts-only calls"):
