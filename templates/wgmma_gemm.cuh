@@ -26,9 +26,11 @@
 // (e4m3 x e4m3 -> f32, s8 x s8 -> s32). int8 and fp8_tensor scale the sums once, in the epilogue:
 // a_scale[row] times w_scale[e][column] (int8) or w_scale[e] (fp8_tensor). fp8_block scales every
 // K block: each k-tile's wgmmas start a fresh partial sum (scale-d off), and once they are done its
-// a_scale[row][kt] * w_scale[e][row block][kt] multiply it into a running fp32 sum in registers
-// (a second accumulator set, so at most 128 weight rows), as DeepGEMM does; meanwhile the other
-// consumer warpgroup keeps the tensor cores busy. GEMM 1 of a quantized layer stores fp32 (the
+// a_scale[row][kt] * w_scale[e][row block][kt] multiply it into a running fp32 sum in registers,
+// as DeepGEMM does; meanwhile the other consumer warpgroup keeps the tensor cores busy. Past 128
+// weight rows the partial sums run in two passes of half the rows per k-tile (PASSES), so that the
+// running sum of 256 rows and one pass's partials (128 + 64 registers) fit: a 128 x 256 tile moves
+// a quarter fewer bytes per multiply-add through L2 than 128 x 128 (bench/RESULTS.md, session 14). GEMM 1 of a quantized layer stores fp32 (the
 // activation, times act_smooth for int8) for the re-quantization; GEMM 2 stores the model dtype.
 //
 // Spec:
@@ -37,7 +39,7 @@
 //   kBM (64, 128 or 192: a consumer warpgroup per 64 rows), kWarpsM = kBM / 16 + 4 (the consumer
 //   warps and the producer warpgroup; threads = 2 * kBM + 128), kWarpsN = 1,
 //   kBN (output columns; (kGated ? 2 : 1) * kBN is 64, 128, 192 or 256, at most 192 when kBM is
-//   192, at most 128 with kBlockScaling), kBK = 64 (16-bit) or 128 (8-bit), kStages >= 2, kGroupRows
+//   192; kBM at most 128 with kBlockScaling), kBK = 64 (16-bit) or 128 (8-bit), kStages >= 2, kGroupRows
 //   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kSwigluLimit, kBias, kGather, kTopk, kWeightsBeforeWait (as
 //   mma_gemm.cuh)
 //   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh)
@@ -50,6 +52,11 @@
 #define MOEJIT_WGMMA_D64 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+    "}"
+#define MOEJIT_WGMMA_D96 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
     "}"
 #define MOEJIT_WGMMA_D128 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
@@ -78,6 +85,7 @@
 #define MOEJIT_WGMMA_F8(i) \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MOEJIT_WGMMA_F32(i) MOEJIT_WGMMA_F8(i), MOEJIT_WGMMA_F8(i + 8), MOEJIT_WGMMA_F8(i + 16), MOEJIT_WGMMA_F8(i + 24)
+#define MOEJIT_WGMMA_F48(i) MOEJIT_WGMMA_F32(i), MOEJIT_WGMMA_F8(i + 32), MOEJIT_WGMMA_F8(i + 40)
 #define MOEJIT_WGMMA_F64(i) MOEJIT_WGMMA_F32(i), MOEJIT_WGMMA_F32(i + 32)
 #define MOEJIT_WGMMA_F96(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F32(i + 64)
 #define MOEJIT_WGMMA_F128(i) MOEJIT_WGMMA_F64(i), MOEJIT_WGMMA_F64(i + 64)
@@ -124,6 +132,8 @@ MOEJIT_WGMMA_OP(256, 128, 128, 129, 130, "f16", __half)
                  : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));                                         \
   }
 MOEJIT_WGMMA_OP8(64, 32, 32, 33, 34, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
+// n96: half of fp8_block's 192-weight-row tile (below).
+MOEJIT_WGMMA_OP8(96, 48, 48, 49, 50, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
 MOEJIT_WGMMA_OP8(128, 64, 64, 65, 66, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
 MOEJIT_WGMMA_OP8(192, 96, 96, 97, 98, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
 MOEJIT_WGMMA_OP8(256, 128, 128, 129, 130, "f32.e4m3.e4m3", ", 1, 1", e4m3, float, MOEJIT_WGMMA_F)
@@ -244,6 +254,13 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   constexpr int HALVES = Spec::kGated ? 2 : 1;  // gate rows, then up rows of the same columns
   constexpr int W_ROWS = HALVES * BN;           // the wgmma's N
   constexpr int FLOATS = W_ROWS / 2;            // accumulators per thread: 64 x W_ROWS over 128 threads
+  // fp8_block past 128 weight rows: a k-tile's wgmmas run in two passes of half the rows each, so
+  // that one pass's partial sums and the running sum of all rows fit a thread's registers.
+  constexpr int PASSES = BLOCK && W_ROWS > 128 ? 2 : 1;
+  constexpr int PASS_ROWS = W_ROWS / PASSES, PASS_FLOATS = FLOATS / PASSES;
+  // fp8_block's weight scale segments: runs of consecutive weight rows (a half, or a pass where
+  // passes outnumber halves) of at most 128 rows, so each meets at most one scale-block edge.
+  constexpr int SEGMENTS = HALVES > PASSES ? HALVES : PASSES, SEG_ROWS = W_ROWS / SEGMENTS;
   constexpr long long N = Spec::kN, K = Spec::kK / ELEMENTS_PER_UNIT;
   static_assert(Spec::kK % ELEMENTS_PER_UNIT == 0, "8-bit rows of whole byte pairs");
   constexpr int A_STAGE = BM * BK, W_STAGE = W_ROWS * BK;  // units
@@ -257,9 +274,11 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   static_assert(BK == 64, "the 128-byte swizzle holds 64-unit rows");
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert(sizeof(T) == 2, "16-bit pipeline units");
-  static_assert(!BLOCK || (W_ROWS <= 192 && CONSUMERS <= 2), "fp8_block keeps two accumulator sets");
-  // fp8_block's 2 x 96 accumulators of 192 weight rows outgrow the 168 registers a thread of 384
-  // has; the producer warpgroup, which needs few, hands registers to the consumers (setmaxnreg).
+  static_assert(!BLOCK || CONSUMERS <= 2, "fp8_block keeps a running sum beside the partial one");
+  static_assert(!BLOCK || (SEG_ROWS <= 128 && PASS_ROWS % SEG_ROWS == 0), "a pass holds whole segments of at most 128 rows");
+  // fp8_block's running sum of 192 or 256 weight rows beside a pass's partial sums outgrows the 168
+  // registers a thread of 384 has; the producer warpgroup, which needs few, hands registers to the
+  // consumers (setmaxnreg).
   constexpr bool SHIFT_REGISTERS = BLOCK && CONSUMERS == 2 && W_ROWS > 128;
   static_assert(!BLOCK || Spec::kBK == Scaling<Spec, EIGHT_BIT>::cols, "a k-tile is one scale block");
   static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 + 1024 <=
@@ -316,11 +335,12 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   resolve_source_rows<BM, THREADS, Spec::kGather, Spec::kTopk>(args, row0, rows, a_row);  // and a barrier
 
   // SHIFT_REGISTERS: setmaxnreg moves registers within the block, whose launch holds 384 x 168:
-  // the producer frees 128 x (168 - 40), exactly the consumers' 256 x (232 - 168). (At 48 the
-  // consumers were 1024 short and setmaxnreg.inc waited forever: a hang on the H200.) Each role's
-  // first instruction, so ptxas allocates each role's code for its count.
+  // the producer frees 128 x (168 - 56), exactly the consumers' 256 x (224 - 168). (The frees must
+  // cover the takes: with 48 / 232 the consumers were 1024 short and setmaxnreg.inc waited forever,
+  // a hang on the H200; at 40 the producer's gather spilled 8 bytes.) Each role's first
+  // instruction, so ptxas allocates each role's code for its count.
   if (warpgroup == CONSUMERS) {
-    if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     // Producer: fills slot kt % STAGES once the consumers have emptied its previous use; its first
     // thread has the weight tile copied by TMA (a box per half; the first STAGES were issued above),
     // every thread copies A rows.
@@ -345,7 +365,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
 
   // Consumers. (fence_shared_for_async below is for the A rows, which cp.async writes through the
   // generic proxy; the TMA's weights are in the async proxy already.)
-  if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
   if (warpgroup >= consumers) return;
   // Thread (warp w of its warpgroup, lane l) holds rows 16 w + l / 4 and 8 more, columns
   // 8 j + 2 (l % 4) and the next, of every 8-column group j: acc[4 j + 2 h + {0, 1}] for row half h.
@@ -359,25 +379,27 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   constexpr long long A_GROUPS = (Spec::kK + SCALE_COLS - 1) / SCALE_COLS;
   constexpr long long W_ROW_BLOCKS = (HALVES * N + SCALE_ROWS - 1) / SCALE_ROWS;
 
-  Acc acc[FLOATS];
+  Acc acc[PASS_FLOATS];
   float total[BLOCK ? FLOATS : 1];  // fp8_block: the running sum
 #pragma unroll
-  for (int i = 0; i < FLOATS; ++i) acc[i] = Acc(0);
+  for (int i = 0; i < PASS_FLOATS; ++i) acc[i] = Acc(0);
 #pragma unroll
   for (int i = 0; i < (BLOCK ? FLOATS : 1); ++i) total[i] = 0.0f;
-  // fp8_block: the weight rows of a half, from half * N + n0, meet at most one block edge (BN <= 128):
-  // columns below `edge` have row block first_block[half], the others the next one.
-  int first_block[HALVES], edge[HALVES];
+  // fp8_block: the weight rows of segment s (from s * N + n0 for a gate or up half, n0 + s * SEG_ROWS
+  // for a pass) meet at most one block edge: columns below `edge` have row block first_block[s], the
+  // others the next one.
+  int first_block[SEGMENTS], edge[SEGMENTS];
 #pragma unroll
-  for (int h = 0; h < HALVES; ++h) {
-    const long long first_row = h * N + n0;
-    first_block[h] = static_cast<int>(first_row / SCALE_ROWS);
-    edge[h] = static_cast<int>((first_block[h] + 1) * SCALE_ROWS - first_row);
+  for (int s = 0; s < SEGMENTS; ++s) {
+    const long long first_row = (Spec::kGated ? s * N : s * SEG_ROWS) + n0;
+    first_block[s] = static_cast<int>(first_row / SCALE_ROWS);
+    edge[s] = static_cast<int>((first_block[s] + 1) * SCALE_ROWS - first_row);
   }
   const float* w_block_scales = BLOCK ? args.w_scale + expert * W_ROW_BLOCKS * A_GROUPS : nullptr;
-  // A tile never meets a block edge when BN divides the block height and N is a multiple of it (n0
-  // is a multiple of BN): one weight scale per half and k-tile, the select per column group gone.
-  constexpr bool ONE_BLOCK = BLOCK && SCALE_ROWS % BN == 0 && Spec::kN % SCALE_ROWS == 0;
+  // A segment never meets a block edge when its rows divide the block height and N is a multiple of
+  // it (n0 is a multiple of BN, BN of SEG_ROWS): one weight scale per segment and k-tile, the select
+  // per column group gone.
+  constexpr bool ONE_BLOCK = BLOCK && SCALE_ROWS % SEG_ROWS == 0 && Spec::kN % SCALE_ROWS == 0;
 
   const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp on "empty"
   int slot = 0, round = 0, previous = STAGES - 1;  // kt % STAGES, kt / STAGES, (kt - 1) % STAGES
@@ -386,52 +408,60 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     fence_shared_for_async();
     const T* as = a_smem + slot * A_STAGE + warpgroup * 64 * BK;
     const T* ws = w_smem + slot * W_STAGE;
-    fence_accumulators(acc);
-    fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {  // 16 units = 32 bytes along the swizzled rows
-      if constexpr (EIGHT_BIT)
-        // fp8_block starts each k-tile's partial sum afresh; the others accumulate throughout.
-        mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const Operand*>(nullptr),
-                  !BLOCK || kk > 0);
-      else
-        mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const Operand*>(nullptr));
-    }
-    commit();
     if constexpr (BLOCK) {
-      // This k-tile's scales, read while its wgmmas run: the rows' activation scales and, per half,
-      // the weight scales of its (at most two) row blocks.
-      float row_scale[2], block_scale[HALVES][2];
+      // This k-tile's scales, read while its first wgmmas run: the rows' activation scales and, per
+      // segment, the weight scales of its (at most two) row blocks.
+      float row_scale[2], block_scale[SEGMENTS][2], one_scale[SEGMENTS][2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        row_scale[h] = source_row[h] >= 0 ? __ldg(args.a_scale + source_row[h] * A_GROUPS + kt) : 0.0f;
+      for (int pass = 0; pass < PASSES; ++pass) {
+        fence_accumulators(acc);
+        fence();
+        // Each pass's wgmmas start a fresh partial sum of its PASS_ROWS weight rows.
 #pragma unroll
-      for (int h = 0; h < HALVES; ++h) {
-        block_scale[h][0] = first_block[h] < W_ROW_BLOCKS ? __ldg(w_block_scales + first_block[h] * A_GROUPS + kt) : 0.0f;
-        block_scale[h][1] = !ONE_BLOCK && edge[h] < BN && first_block[h] + 1 < W_ROW_BLOCKS
-                                ? __ldg(w_block_scales + (first_block[h] + 1) * A_GROUPS + kt)
-                                : 0.0f;
-      }
-      float one_scale[HALVES][2];  // ONE_BLOCK: row scale x the half's weight scale
+        for (int kk = 0; kk < BK / 16; ++kk)  // 16 units = 32 bytes along the swizzled rows
+          mma_async(acc, descriptor(as + kk * 16), descriptor(ws + pass * PASS_ROWS * BK + kk * 16),
+                    static_cast<const Operand*>(nullptr), kk > 0);
+        commit();
+        if (pass == 0) {
 #pragma unroll
-      for (int half = 0; half < HALVES; ++half)
+          for (int h = 0; h < 2; ++h)
+            row_scale[h] = source_row[h] >= 0 ? __ldg(args.a_scale + source_row[h] * A_GROUPS + kt) : 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) one_scale[half][h] = row_scale[h] * block_scale[half][0];
-      wait<0>();  // k-tile kt's partial sums are complete, and its stage is read
-      fence_accumulators(acc);
-      if (arrives) barrier_arrive(empty + slot);
+          for (int g = 0; g < SEGMENTS; ++g) {
+            block_scale[g][0] =
+                first_block[g] < W_ROW_BLOCKS ? __ldg(w_block_scales + first_block[g] * A_GROUPS + kt) : 0.0f;
+            block_scale[g][1] = !ONE_BLOCK && edge[g] < SEG_ROWS && first_block[g] + 1 < W_ROW_BLOCKS
+                                    ? __ldg(w_block_scales + (first_block[g] + 1) * A_GROUPS + kt)
+                                    : 0.0f;
+            // ONE_BLOCK: row scale x the segment's weight scale
 #pragma unroll
-      for (int j = 0; j < W_ROWS / 8; ++j) {
-        const int half = j / (BN / 8), column = (j % (BN / 8)) * 8 + (lane % 4) * 2;
-        const float w_scale = column < edge[half] ? block_scale[half][0] : block_scale[half][1];
+            for (int h = 0; h < 2; ++h) one_scale[g][h] = row_scale[h] * block_scale[g][0];
+          }
+        }
+        wait<0>();  // the pass's partial sums are complete (and, after the last pass, its stage is read)
+        fence_accumulators(acc);
+        if (pass == PASSES - 1 && arrives) barrier_arrive(empty + slot);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float scale = ONE_BLOCK ? one_scale[half][h] : row_scale[h] * w_scale;
-          total[4 * j + 2 * h] = fmaf(acc[4 * j + 2 * h], scale, total[4 * j + 2 * h]);
-          total[4 * j + 2 * h + 1] = fmaf(acc[4 * j + 2 * h + 1], scale, total[4 * j + 2 * h + 1]);
+        for (int j = 0; j < PASS_ROWS / 8; ++j) {
+          const int group = pass * (PASS_ROWS / 8) + j;  // of the tile's W_ROWS / 8
+          const int g = group / (SEG_ROWS / 8), column = (group % (SEG_ROWS / 8)) * 8 + (lane % 4) * 2;
+          const float w_scale = column < edge[g] ? block_scale[g][0] : block_scale[g][1];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float scale = ONE_BLOCK ? one_scale[g][h] : row_scale[h] * w_scale;
+            float* sum = total + pass * PASS_FLOATS + 4 * j + 2 * h;
+            sum[0] = fmaf(acc[4 * j + 2 * h], scale, sum[0]);
+            sum[1] = fmaf(acc[4 * j + 2 * h + 1], scale, sum[1]);
+          }
         }
       }
     } else {
+      fence_accumulators(acc);
+      fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)  // 16 units = 32 bytes along the swizzled rows
+        mma_async(acc, descriptor(as + kk * 16), descriptor(ws + kk * 16), static_cast<const Operand*>(nullptr));
+      commit();
       wait<1>();  // the group of k-tile kt - 1 is done; kt's runs on
       fence_accumulators(acc);
       if (kt > 0 && arrives) barrier_arrive(empty + previous);

@@ -93,10 +93,16 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
       return "needs (2 if gated GEMM 1) * BN of 64, 128, 192 or 256 (the wgmma N)";
     if (t.bm == 192 && weight_rows > 192)
       return "needs (2 if gated GEMM 1) * BN of at most 192 at BM 192 (512 threads leave 128 registers each)";
-    // fp8_block keeps a second accumulator set (the running sum beside each K block's partial).
-    if (c.quant == Quant::Fp8Block && (weight_rows > 192 || t.bm == 192))
-      return "needs (2 if gated GEMM 1) * BN of at most 192 and BM 64 or 128 with fp8_block (two accumulator "
-             "sets per thread)";
+    // fp8_block keeps a running sum beside each K block's partial one (past 128 weight rows the
+    // partial covers half of them at a time): three consumer warpgroups' registers do not hold both.
+    if (c.quant == Quant::Fp8Block && t.bm == 192)
+      return "needs BM 64 or 128 with fp8_block (a running sum beside each K block's partial one)";
+    // ... and at 256 weight rows the promotion's registers hold one weight scale per pass, not the
+    // two of a pass that meets a scale-block edge (ptxas spills).
+    if (c.quant == Quant::Fp8Block && weight_rows == 256 &&
+        (gemm1 ? c.local_intermediate() : c.hidden) % kFp8BlockSize != 0)
+      return fmt::format("needs the GEMM's N ({}) a multiple of {} for 256 weight rows with fp8_block",
+                         gemm1 ? c.local_intermediate() : c.hidden, kFp8BlockSize);
     if (t.stages < 2) return "needs at least 2 stages";
     if (t.warps_m != t.bm / 16 + 4 || t.warps_n != 1) return "needs warps (bm/16 + 4) x 1";
     if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";

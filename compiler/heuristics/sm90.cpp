@@ -72,19 +72,23 @@ void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
 // pays the padding rows in tensor-core time, not in weight bytes). A stage of 128-row tiles is
 // 128 bytes deep like the 16-bit ones, holding a whole fp8 scale block. int8 and fp8_tensor scale
 // once after the K loop and take the 16-bit tiles' 256 weight rows. fp8_block keeps a running sum
-// beside each K block's partial sum: 128 weight rows (64 + 64 accumulators per thread). Stages fill
-// about 200 KiB of shared memory. Measured on the H200 (bench/RESULTS.md, sessions 10 and 11):
-// DeepSeek-V3 fp8_block 441 / 578 TFLOP/s at T = 4096 / 16384, fp8_tensor with 256 rows 663 / 921.
-// fp8_block tiles of 192 weight rows (96 + 96 accumulators; at 128-row tiles the producer warpgroup
-// hands registers to the consumers) measured +8% at T = 4096, 0 at 16384 and -8% at T = 1 relative
-// to bf16, on two machines; the 128 x 192 one spills 8 bytes in its producer: override-only until
-// an A/B in one run decides.
+// beside each K block's partial sum; its 128-row tiles take 256 weight rows too, the partial sums in
+// two passes of 128 rows (wgmma_gemm.cuh), where N is a multiple of 128 (else a pass may meet a
+// scale-block edge, whose second weight scale the registers do not hold: 128 rows). Stages fill
+// about 200 KiB of shared memory. Measured on the H200 (bench/RESULTS.md, session 14, one run):
+// against 128 weight rows, DeepSeek-V3 T = 4096 / 16384 6.05 -> 5.22 / 18.47 -> 15.77 ms (732
+// TFLOP/s), Qwen3-30B-A3B 0.698 -> 0.589 / 2.509 -> 2.015, Mixtral 4.41 -> 3.72 / 16.97 -> 15.07;
+// 192 rows (two passes of 96) were 1-5% slower than 128. Decode (64-row tiles) keeps 128 rows:
+// more column tiles, so more blocks stream the weights.
 void sm90_8bit_tiles(const LayerSpec& c, int bm, TokenBucket& b) {
   bm = std::max(bm, 64);
   auto tile = [&](bool gemm1) {
     const bool gated = gemm1 && c.gated;
     int weight_rows = 256;
-    if (c.quant == Quant::Fp8Block) weight_rows = 128;
+    if (c.quant == Quant::Fp8Block) {
+      const int64_t n = gemm1 ? c.local_intermediate() : c.hidden;
+      weight_rows = bm >= 128 && n % kFp8BlockSize == 0 ? 256 : 128;
+    }
     const int stages = std::min(8, 200 * 1024 / ((bm + weight_rows) * 128));
     return wgmma_tile(c, bm, gated ? weight_rows / 2 : weight_rows, stages);
   };

@@ -162,6 +162,38 @@ TEST(Nvrtc, EightBitMmaTilesCompile) {
   }
 }
 
+// fp8_block past 128 weight rows (a K block's partial sums in two passes of half the rows beside
+// the running sum of all of them; the producer hands registers to the consumers): 192 and 256 rows,
+// gated and not, aligned to the scale blocks (DeepSeek-V3) and not (I = 2064, H = 7184: a pass meets
+// a block edge, which 256 rows refuse), compile lean on sm_90a.
+TEST(Nvrtc, Fp8BlockTwoPassTilesCompileLean) {
+  for (const char* tiles : {"prefill.gemm1=wg:128x128x128:s4,prefill.gemm2=wg:128x256x128:s4",
+                            "prefill.gemm1=wg:128x96x128:s4,prefill.gemm2=wg:128x192x128:s4"}) {
+    for (int64_t intermediate : {2048, 2064}) {
+      MoeConfig c = preset("deepseek-v3");
+      c.quant = Quant::Fp8Block;
+      c.moe_intermediate = intermediate;
+      c.hidden = intermediate == 2048 ? 7168 : 7184;
+      SCOPED_TRACE(std::string(tiles) + " I=" + std::to_string(intermediate));
+      if (intermediate == 2064 && std::string(tiles).find("x256x") != std::string::npos) {
+        // A pass meeting a scale-block edge needs two weight scales: refused, not spilled.
+        EXPECT_THROW(make_plan(c, "sm_90a", parse_tile_overrides(tiles)), InvalidInput);
+        continue;
+      }
+      const Plan plan = make_plan(c, "sm_90a", parse_tile_overrides(tiles));
+      EXPECT_EQ(plan.bucket_for(16384).gemm2.bn, plan.bucket_for(16384).gemm1.bn * 2);
+      CompileOptions options = compile_options_for("sm_90a");
+      options.repro_dir.clear();
+      for (const auto& unit : generate(plan).units) {
+        if (unit.name != "experts") continue;
+        CompiledUnit compiled;
+        ASSERT_NO_THROW(compiled = compile_unit(unit, options));
+        expect_lean_kernels(compiled);
+      }
+    }
+  }
+}
+
 TEST(Nvrtc, CompileErrorCarriesLogSourceAndRepro) {
   GeneratedUnit unit;
   unit.name = "broken";

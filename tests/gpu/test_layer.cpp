@@ -184,6 +184,29 @@ TEST(Sanitize, W8a8Int8Wgmma) { sanitize_config(eight_bit_config(Quant::W8A8Int8
 
 TEST(Sanitize, Fp8BlockWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Block), {7, 40, 700}, true); }
 
+// fp8_block's prefill tiles past 128 weight rows: each K block's partial sums in two passes of half
+// the rows. 256 rows where every pass lies in one scale block (H = 384, I = 256: the planner's
+// prefill tile), gated GEMM 1 and not; 192 rows (passes of 96 that meet block edges) on the odd
+// sizes of eight_bit_config.
+LayerOptions fp8_block_wide_tiles(int weight_rows, bool gated) {
+  auto wg = [](int bn, int stages) { return TileShape{GemmKernel::Wgmma, 128, bn, 128, 128 / 16 + 4, 1, stages}; };
+  LayerOptions options;
+  options.tiles = {{"prefill", true, wg(gated ? weight_rows / 2 : weight_rows, 4)}, {"prefill", false, wg(weight_rows, 4)}};
+  return options;
+}
+
+TEST(Sanitize, Fp8BlockTwoPassWgmma) {
+  MoeConfig aligned = eight_bit_config(Quant::Fp8Block);
+  aligned.hidden = 384;
+  aligned.moe_intermediate = 256;
+  sanitize_config(aligned, {700, 1001}, true, fp8_block_wide_tiles(256, true));
+  MoeConfig plain = aligned;  // not gated: GEMM 1's passes split one half
+  plain.gated = false;
+  plain.activation = Activation::Gelu;
+  sanitize_config(plain, {700}, false, fp8_block_wide_tiles(256, false));
+  sanitize_config(eight_bit_config(Quant::Fp8Block), {700, 1001}, true, fp8_block_wide_tiles(192, true));
+}
+
 TEST(Sanitize, Fp8TensorWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Tensor), {5, 700}, false); }
 
 // The 8-bit mma.sync GEMMs (mma_gemm.cuh: int8 from sm_80, e4m3 from sm_89; the planner runs them
