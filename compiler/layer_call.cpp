@@ -68,7 +68,7 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
     const bool quantized = is_quantized(c.quant);
     if (quantized) add_role(KernelRole::QuantizeExpand);
     add(KernelRole::Gemm1, call.bucket->gemm1_kernel);
-    if (quantized) add_role(KernelRole::QuantizeAct);
+    if (quantized && !gemm1_quantizes_output(c, call.bucket->gemm1)) add_role(KernelRole::QuantizeAct);
     add(KernelRole::Gemm2, call.bucket->gemm2_kernel);
     add_role(KernelRole::Combine);
   }

@@ -72,6 +72,8 @@ struct GemmArgs {
   const float* bias;         // kBias: [E_loc, N] fp32 (GEMM 1: gate rows then up rows), added to
                              // the scaled sums; null adds nothing (GEMM 2 past tensor-parallel rank 0)
   void* out;                 // GEMM 1: act [M, I]; GEMM 2: Y [M, H]
+  float* out_scale;          // GEMM 1 with kQuantizeOut (fp8_block): the scales of `out`, which
+                             // holds e4m3, [M, I / 128]; otherwise null
   const int* tile_expert;
   const int* tile_row;
   const int* num_tiles;

@@ -75,11 +75,14 @@ template <typename Spec, bool EIGHT_BIT>
 struct Scaling {
   static constexpr int kind = kNoScaling;
   static constexpr long long cols = 1, rows = 1;
+  static constexpr bool quantize_out = false;
 };
 template <typename Spec>
 struct Scaling<Spec, true> {
   static constexpr int kind = Spec::kScaling;
   static constexpr long long cols = Spec::kScaleCols, rows = Spec::kScaleRows;
+  // fp8_block GEMM 1 on wgmma: the epilogue quantizes its output for GEMM 2 (out, out_scale).
+  static constexpr bool quantize_out = Spec::kQuantizeOut;
 };
 
 // The (row tile, column tile) of this block in a 1-D grid of max_row_tiles * col_tiles blocks,

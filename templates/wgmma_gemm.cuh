@@ -31,7 +31,9 @@
 // weight rows the partial sums run in two passes of half the rows per k-tile (PASSES), so that the
 // running sum of 256 rows and one pass's partials (128 + 64 registers) fit: a 128 x 256 tile moves
 // a quarter fewer bytes per multiply-add through L2 than 128 x 128 (bench/RESULTS.md, session 14). GEMM 1 of a quantized layer stores fp32 (the
-// activation, times act_smooth for int8) for the re-quantization; GEMM 2 stores the model dtype.
+// activation, times act_smooth for int8) for the re-quantization, except where it quantizes the
+// activation itself (kQuantizeOut: fp8_block with whole 128-column scale groups per tile, e4m3 into
+// out and the group scales into out_scale); GEMM 2 stores the model dtype.
 //
 // Spec:
 //   using A, W (one type: __nv_bfloat16, __half, signed char or moejit::e4m3), Out (the model's
@@ -42,11 +44,13 @@
 //   192; kBM at most 128 with kBlockScaling), kBK = 64 (16-bit) or 128 (8-bit), kStages >= 2, kGroupRows
 //   kN, kK (rows of 16-byte chunks), kGemm1, kGated, kAct, kSwigluLimit, kBias, kGather, kTopk, kWeightsBeforeWait (as
 //   mma_gemm.cuh)
-//   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh)
+//   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh),
+//   kQuantizeOut (Out is then e4m3)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
 //   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
 #pragma once
 
+#include "moejit/fp8.cuh"
 #include "moejit/gemm_tiles.cuh"
 
 #define MOEJIT_WGMMA_D64 "{" \
@@ -530,14 +534,18 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
       }
     }
   };
-  if constexpr (N % 8 == 0 && sizeof(Out) == 2) {
-    // Through shared memory: a warp's direct stores would write 16 bytes into each of 8 rows, half
-    // sectors that L2 merges one by one; staged, each thread stores 16 bytes and a warp covers
-    // its rows' 2 BN contiguous bytes each (whole 128-byte lines when 2 N and 2 n0 are multiples of 128;
-    // N % 8 == 0 keeps every row's chunks 16-byte aligned). The stage reuses the
-    // pipeline, whose last reads every working consumer has retired at the first barrier; rows are
-    // PITCH elements apart, 16 bytes more than a row, so the pair stores of a warp hit 32 banks.
-    constexpr int PITCH = BN + 8, CHUNKS = BN / 8;  // 16-byte chunks per row
+  // Through shared memory: a warp's direct stores would write 4 (16-bit) or 2 (e4m3) bytes a lane
+  // into each of 8 rows, part sectors that L2 merges one by one; staged, each thread stores 16
+  // bytes and a warp covers its rows' BN contiguous elements each (whole 128-byte lines where the
+  // row bytes of N and n0 are multiples of 128; N a multiple of 16 bytes keeps every row's chunks
+  // 16-byte aligned). The stage reuses the pipeline, whose last reads every working consumer has
+  // retired at the first barrier; rows are PITCH elements apart, 16 bytes more than a row, so the
+  // pair stores of a warp hit distinct banks. `stage_values(staged, pitch)` writes this thread's
+  // pairs at staged + h * 8 * pitch + j * 8 (row half h, 8-column group j).
+  auto store_staged = [&](auto&& stage_values) {
+    constexpr int UNIT = 16 / static_cast<int>(sizeof(Out));  // elements per 16-byte chunk
+    constexpr int PITCH = BN + UNIT, CHUNKS = BN / UNIT;
+    static_assert(BN % UNIT == 0, "whole 16-byte chunks per tile row");
     static_assert(BM * PITCH * sizeof(Out) <= static_cast<size_t>(STAGES) * (A_STAGE + W_STAGE) * sizeof(T),
                   "the staged tile fits the pipeline's shared memory");
     Out* stage = reinterpret_cast<Out*>(a_smem);
@@ -546,16 +554,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     // every consumer's wait above); the proxy fence orders those accesses before the generic-proxy
     // stores below (belt and braces: once per tile).
     fence_shared_for_async();
-    Out* staged = stage + row_base * PITCH + (lane % 4) * 2;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (row_base + h * 8 >= rows) continue;  // never stored (and fewer live values at a time)
-        float x, y;
-        output_pair(j, h, x, y);
-        store_pair(staged + h * 8 * PITCH + j * 8, x, y);
-      }
+    stage_values(stage + row_base * PITCH + (lane % 4) * 2, PITCH);
     switch (warpgroup) {  // this warpgroup's 64 rows are staged (barrier ids are constants)
       case 0: named_barrier_sync<2>(128); break;
       case 1: named_barrier_sync<3>(128); break;
@@ -565,10 +564,58 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
 #pragma unroll 4
     for (int i = threadIdx.x % 128; i < 64 * CHUNKS; i += 128) {
       const int r = warpgroup * 64 + i / CHUNKS, chunk = i % CHUNKS;
-      const long long col = n0 + chunk * 8;
+      const long long col = n0 + chunk * UNIT;
       if (r < rows && col < N)
-        *reinterpret_cast<uint4*>(out + (row0 + r) * N + col) = *reinterpret_cast<const uint4*>(stage + r * PITCH + chunk * 8);
+        *reinterpret_cast<uint4*>(out + (row0 + r) * N + col) =
+            *reinterpret_cast<const uint4*>(stage + r * PITCH + chunk * UNIT);
     }
+  };
+  if constexpr (Scaling<Spec, EIGHT_BIT>::quantize_out) {
+    // fp8_block GEMM 1 quantizes its activations for GEMM 2 here, as quantize.cuh's
+    // quantize_fp8_rows would from the fp32 rows (the same floats through the same operations, so
+    // bit for bit), per row and 128-column group: s = max(amax, 1e-10) / 448, q = e4m3(x / s).
+    // A row's columns of a group lie in the four lanes of its quad: 16 8-column groups, 2 a lane.
+    static_assert(Spec::kGemm1 && BLOCK && BN % 128 == 0 && N % 128 == 0, "whole scale groups per tile");
+    constexpr int GROUP_J = 128 / 8;
+    constexpr long long SCALE_GROUPS = N / 128;
+    store_staged([&](Out* staged, int pitch) {
+#pragma unroll
+      for (int g = 0; g < BN / 128; ++g) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v[GROUP_J][2];
+          float amax = 0.0f;  // fmaxf drops NaN: a NaN quantizes to NaN, its row's scale stays finite
+#pragma unroll
+          for (int j = 0; j < GROUP_J; ++j) {
+            output_pair(g * GROUP_J + j, h, v[j][0], v[j][1]);
+            amax = fmaxf(amax, fmaxf(fabsf(v[j][0]), fabsf(v[j][1])));
+          }
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // every lane: rows differ per quad
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+          const float s = fmaxf(amax, 1e-10f) / kE4m3Max;
+          const int r = row_base + h * 8;
+          if (r < rows && lane % 4 == 0) args.out_scale[(row0 + r) * SCALE_GROUPS + n0 / 128 + g] = s;
+#pragma unroll
+          for (int j = 0; j < GROUP_J; ++j) {
+            const unsigned pair = to_e4m3(v[j][0] / s).bits | to_e4m3(v[j][1] / s).bits << 8;
+            *reinterpret_cast<unsigned short*>(staged + h * 8 * pitch + (g * GROUP_J + j) * 8) =
+                static_cast<unsigned short>(pair);
+          }
+        }
+      }
+    });
+  } else if constexpr (N % 8 == 0 && sizeof(Out) == 2) {
+    store_staged([&](Out* staged, int pitch) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (row_base + h * 8 >= rows) continue;  // never stored (and fewer live values at a time)
+          float x, y;
+          output_pair(j, h, x, y);
+          store_pair(staged + h * 8 * pitch + j * 8, x, y);
+        }
+    });
   } else {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {

@@ -144,8 +144,11 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
   // sorted order.
   const std::string a_type = operand_type(c);
   const bool gather = gemm1 && !int8;
-  // A quantized GEMM 1 stores fp32 for the re-quantization; everything else stores the model dtype.
-  const std::string out_type = (quantized && gemm1) ? "float" : device_type(c.dtype);
+  // A quantized GEMM 1 stores fp32 for the re-quantization, or e4m3 and its scales where its
+  // epilogue quantizes (fp8_block, gemm1_quantizes_output); everything else the model dtype.
+  const bool quantize_out = gemm1 && gemm1_quantizes_output(c, tile);
+  const std::string out_type =
+      quantize_out ? "moejit::e4m3" : (quantized && gemm1) ? "float" : device_type(c.dtype);
   const bool gated = gemm1 && c.gated;
   // fp8 scale blocks: columns per activation and weight scale (128, or K: one per row / matrix)
   // and weight rows per weight scale (128, or every row).
@@ -184,6 +187,7 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
       k.spec.push_back({"int", "kScaling", scaling_kind(c)});
       k.spec.push_back({"long long", "kScaleCols", std::to_string(scale_cols)});
       k.spec.push_back({"long long", "kScaleRows", std::to_string(scale_rows)});
+      k.spec.push_back({"bool", "kQuantizeOut", boolean(quantize_out)});
     }
     k.launch = {GridRule::RowTileGroups, threads, tile.bn, shared, n};
     // GEMM 2's schedule and weights come from kernels two or more launches back, so it starts its
@@ -238,10 +242,18 @@ WeightMapShape weight_map_shape(const LayerSpec& c, bool gemm1, const TileShape&
   return {c.dtype, pairs, c.local_experts(), c.hidden, c.local_intermediate() / per_unit, tile.bn};
 }
 
+bool gemm1_quantizes_output(const LayerSpec& c, const TileShape& gemm1) {
+  // A tile's output columns hold whole 128-column scale groups (n0 is a multiple of BN), so each
+  // row's amax per group is a reduction within the tile.
+  return c.quant == Quant::Fp8Block && gemm1.kernel == GemmKernel::Wgmma && gemm1.bn % kFp8BlockSize == 0 &&
+         c.local_intermediate() % kFp8BlockSize == 0;
+}
+
 GemmArgs gemm1_args(const CallContext& x) {
   const CallBuffers& b = x.buffers;
   const WorkspaceOffsets& o = b.offsets;
   const bool quantized = is_quantized(x.spec.quant);
+  const bool quantize_out = gemm1_quantizes_output(x.spec, x.call.bucket->gemm1);
   return GemmArgs{quantized ? b.at<char>(o.a_q) : b.in.hidden,
                   b.at<float>(o.a_scale),
                   b.at<int>(o.sorted_pair),
@@ -249,7 +261,8 @@ GemmArgs gemm1_args(const CallContext& x) {
                   b.in.w13_scale,
                   x.spec.quant == Quant::W8A8Int8 ? b.in.act_smooth : nullptr,
                   x.spec.expert_bias ? b.in.w13_bias : nullptr,
-                  quantized ? b.at<char>(o.act_f32) : b.at<char>(o.act),
+                  quantize_out ? b.at<char>(o.act_q) : quantized ? b.at<char>(o.act_f32) : b.at<char>(o.act),
+                  quantize_out ? b.at<float>(o.act_scale) : nullptr,
                   b.at<int>(o.tile_expert),
                   b.at<int>(o.tile_row),
                   b.at<int>(o.num_tiles),
@@ -270,6 +283,7 @@ GemmArgs gemm2_args(const CallContext& x) {
                   // The tensor-parallel ranks' outputs are summed: one of them adds the bias.
                   x.spec.expert_bias && x.placement.tp_rank == 0 ? b.in.w2_bias : nullptr,
                   b.at<char>(o.y),
+                  nullptr,
                   b.at<int>(o.tile_expert),
                   b.at<int>(o.tile_row),
                   b.at<int>(o.num_tiles),

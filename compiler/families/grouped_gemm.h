@@ -61,8 +61,12 @@ struct WeightMapShape {
 };
 WeightMapShape weight_map_shape(const LayerSpec& spec, bool gemm1, const TileShape& tile);
 
-// GEMM 1: hidden (gathered) or a_q -> act / act_f32; GEMM 2: act or act_q -> Y. The bucket's
-// tensor maps come from the buffers.
+// Whether a GEMM 1 of this tile quantizes its own output for GEMM 2 (fp8_block on wgmma, whole
+// 128-column scale groups per tile): then no re-quantization kernel runs between the GEMMs.
+bool gemm1_quantizes_output(const LayerSpec& spec, const TileShape& gemm1);
+
+// GEMM 1: hidden (gathered) or a_q -> act / act_f32 (act_q and act_scale where it quantizes its
+// output); GEMM 2: act or act_q -> Y. The bucket's tensor maps come from the buffers.
 GemmArgs gemm1_args(const CallContext& context);
 GemmArgs gemm2_args(const CallContext& context);
 

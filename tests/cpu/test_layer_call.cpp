@@ -3,7 +3,9 @@
 // call's buffers. The GPU tier runs these calls; here they are checked as values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <memory>
 #include <variant>
 #include <vector>
 
@@ -124,6 +126,55 @@ TEST(LayerCall, Fp8FamiliesPackTheQuantizedBuffers) {
   EXPECT_EQ(layout.at("act_scale").bytes, 3 * 8 * 16 * 4);
   c.quant = Quant::Fp8Tensor;
   EXPECT_EQ(plan_workspace(c, 3).at("a_scale").bytes, 3 * 4);
+}
+
+// fp8_block's prefill GEMM 1 (128 output columns a tile: whole scale groups) quantizes its own
+// output: no re-quantization launch, e4m3 rows and their scales straight into act_q / act_scale.
+// Decode tiles (64 columns) and an I that is no multiple of 128 keep the fp32 rows and the kernel.
+TEST(LayerCall, Fp8BlockPrefillGemm1QuantizesItsOutput) {
+  MoeConfig c = preset("deepseek-v3");
+  c.quant = Quant::Fp8Block;
+  const Plan plan = make_plan(c, "sm_90a");
+  const int64_t tokens = 4096;
+  // Never touched (the arguments are pointers into it): no zero-filled gigabyte.
+  const std::unique_ptr<char[]> storage(new char[static_cast<size_t>(workspace_offsets(c, tokens).total_bytes)]);
+  int scratch[8];
+  CallBuffers b;
+  b.in.hidden = &scratch[0];
+  b.workspace = storage.get();
+  b.offsets = workspace_offsets(c, tokens);
+  auto roles = [](const CallPlan& call) {
+    std::vector<KernelRole> out;
+    for (const CallStep& step : call) out.push_back(step.role);
+    return out;
+  };
+  const CallPlan prefill = plan_call(plan, Entry::Forward, tokens);
+  EXPECT_TRUE(gemm1_quantizes_output(c, prefill.bucket->gemm1));
+  const std::vector<KernelRole> steps = roles(prefill);
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), R::QuantizeAct), 0);
+  const CallContext context{c, c.placement(), prefill, b};
+  for (const CallStep& step : prefill) {
+    if (step.role != R::Gemm1) continue;
+    const auto& a = std::get<GemmArgs>(pack_args(step, context));
+    EXPECT_EQ(a.out, storage.get() + b.offsets.act_q);
+    EXPECT_EQ(a.out_scale, reinterpret_cast<float*>(storage.get() + b.offsets.act_scale));
+  }
+  const CallPlan decode = plan_call(plan, Entry::Forward, 1);
+  for (const CallStep& step : decode) {
+    if (step.role != R::Gemm1) continue;
+    const auto& a = std::get<GemmArgs>(pack_args(step, CallContext{c, c.placement(), decode, b}));
+    EXPECT_EQ(a.out, storage.get() + b.offsets.act_f32);
+    EXPECT_EQ(a.out_scale, nullptr);
+  }
+  const std::vector<KernelRole> decode_steps = roles(decode);
+  EXPECT_EQ(std::count(decode_steps.begin(), decode_steps.end(), R::QuantizeAct), 1);
+  c.moe_intermediate = 2064;  // a tile of 64 output columns, and 128 would not hold whole groups
+  const Plan odd = make_plan(c, "sm_90a");
+  EXPECT_FALSE(gemm1_quantizes_output(c, odd.bucket_for(tokens).gemm1));
+  const std::vector<KernelRole> odd_steps = roles(plan_call(odd, Entry::Forward, tokens));
+  EXPECT_EQ(std::count(odd_steps.begin(), odd_steps.end(), R::QuantizeAct), 1);
+  c.quant = Quant::Fp8Tensor;  // one scale per row of I columns: never within a tile
+  EXPECT_FALSE(gemm1_quantizes_output(c, make_plan(c, "sm_90a").bucket_for(tokens).gemm1));
 }
 
 // The largest token count a layer takes sizes a workspace well inside int64 for the largest layer

@@ -157,6 +157,9 @@ struct GpuRun {
   std::vector<int> sorted_pair;     // [T*K] (valid up to rows)
   std::vector<int> pair_pos;        // [T*K]
   int64_t rows = -1;                // expert_offsets[E_loc] when it is in [0, T*K], else -1
+  // GEMM 1 quantized its own output (fp8_block tiles of whole scale groups): act_q and act_scale
+  // are GEMM 1's and act_f32 is never written; "act" rows are then act_q dequantized.
+  bool gemm1_quantized_act = false;
   uint8_t poison = kPoison;
   bool out_guard_intact = true, workspace_guard_intact = true;
   // Only for the harness's own host tests (test_harness.cpp): when set, it stands in for the
@@ -165,7 +168,7 @@ struct GpuRun {
 
   double out_at(int64_t i) const;
   // Rows [begin, end) of an expert-sorted workspace buffer as doubles: "act" (act_f32 for w8a8
-  // and fp8) or "y".
+  // and fp8; act_q times act_scale where gemm1_quantized_act) or "y".
   std::vector<double> rows_of(const char* which, int64_t begin, int64_t end) const;
   std::vector<uint8_t> raw(int64_t offset, size_t bytes) const;  // workspace bytes
 };

@@ -435,8 +435,10 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
   w8a8.quant = Quant::W8A8Int8;
   MoeConfig fp8 = small_config(64, 8, 528, 144, DType::BF16);  // wgmma on sm_90a
   fp8.quant = Quant::Fp8Block;
+  MoeConfig fp8_fused = small_config(64, 8, 512, 256, DType::BF16);  // GEMM 1 quantizes its output
+  fp8_fused.quant = Quant::Fp8Block;
   const std::vector<std::pair<MoeConfig, int64_t>> cases = {
-      {small_config(64, 8, 520, 136, DType::BF16), 4097}, {w8a8, 1000}, {fp8, 3000}};
+      {small_config(64, 8, 520, 136, DType::BF16), 4097}, {w8a8, 1000}, {fp8, 3000}, {fp8_fused, 3000}};
   Seeds seeds;
   for (const auto& [c, T] : cases) {
     auto layer = Layer::create(c);
@@ -446,10 +448,13 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
     GpuRun first = run_forward(*layer, in, T, stream.get(), 0xFF);
     ASSERT_TRUE(check_run(p, first));
     const WorkspaceOffsets& o = first.offsets;
-    const bool quantized = is_quantized(c.quant);  // GEMM 1 stores fp32 for the re-quantization
-    const int64_t act_bytes = first.rows * c.local_intermediate() * (quantized ? 4 : dtype_bytes(c.dtype));
+    // GEMM 1 stores fp32 for the re-quantization, or quantizes its output itself (e4m3).
+    const bool quantized = is_quantized(c.quant), fused = first.gemm1_quantized_act;
+    EXPECT_EQ(fused, &c == &cases.back().first) << "only the last case's GEMM 1 quantizes its output";
+    const int64_t act_bytes =
+        first.rows * c.local_intermediate() * (fused ? 1 : quantized ? 4 : dtype_bytes(c.dtype));
     const int64_t y_bytes = first.rows * c.hidden * dtype_bytes(c.dtype);
-    const int64_t act_offset = quantized ? o.act_f32 : o.act;
+    const int64_t act_offset = fused ? o.act_q : quantized ? o.act_f32 : o.act;
     struct Variant {
       uint8_t poison;
       cudaStream_t stream;
@@ -466,6 +471,35 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
       EXPECT_TRUE(again.raw(o.y, y_bytes) == first.raw(o.y, y_bytes)) << v.what << ": y differs";
     }
   }
+}
+
+// fp8_block GEMM 1 with 128 output columns a tile quantizes its own output (no re-quantization
+// kernel): the same e4m3 rows, scales and layer output, bit for bit, as 64-column tiles whose fp32
+// rows the separate kernel quantizes (the same partial sums, promotions and rounding).
+TEST(Determinism, Fp8BlockGemm1QuantizationEqualsTheSeparateKernel) {
+  MoeConfig c = small_config(64, 8, 512, 256, DType::BF16);
+  c.quant = Quant::Fp8Block;
+  const int64_t T = 3001;
+  auto fused = Layer::create(c);
+  LayerOptions separate_tiles;
+  separate_tiles.tiles = {{"prefill", true, TileShape{GemmKernel::Wgmma, 128, 64, 128, 128 / 16 + 4, 1, 6}},
+                          {"prefill", false, fused->plan()->bucket_for(T).gemm2}};
+  auto separate = Layer::create(c, separate_tiles);
+  Seeds seeds;
+  Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+  DeviceInputs in = upload(p);
+  Stream stream;
+  GpuRun a = run_forward(*fused, in, T, stream.get());
+  GpuRun b = run_forward(*separate, in, T, stream.get());
+  ASSERT_TRUE(a.gemm1_quantized_act);
+  ASSERT_FALSE(b.gemm1_quantized_act);
+  ASSERT_TRUE(check_run(p, a));
+  ASSERT_EQ(a.rows, b.rows);
+  const int64_t I = c.local_intermediate(), groups = activation_scale_groups(c, I);
+  EXPECT_TRUE(a.raw(a.offsets.act_q, a.rows * I) == b.raw(b.offsets.act_q, b.rows * I)) << "act_q; " << p.describe();
+  EXPECT_TRUE(a.raw(a.offsets.act_scale, a.rows * groups * 4) == b.raw(b.offsets.act_scale, b.rows * groups * 4))
+      << "act_scale; " << p.describe();
+  EXPECT_TRUE(a.out == b.out) << "output; " << p.describe();
 }
 
 // ---------------------------------------------------------------------------------------------
