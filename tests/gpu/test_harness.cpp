@@ -683,6 +683,36 @@ TEST_P(CheckRun, PassesACorrectRunAndReportsBrokenOnes) {
         },
         "differ by one e4m3 step", "act_q one step off in a tenth of the values");
   }
+  if (c.quant == Quant::Fp8Block) {
+    // GEMM 1 quantizing its own output (no act_f32): act_q is held to the reference's act rows
+    // (compare_fp8_near). The emulated run passes; a sign flipped on a group's largest value, a
+    // scale 1% off and an unwritten row are caught.
+    auto fused = [](std::function<void(GpuRun&)> damage) {
+      return [damage](GpuRun& r) {
+        r.gemm1_quantized_act = true;
+        damage(r);
+      };
+    };
+    GpuRun clean = emulate(p);
+    clean.gemm1_quantized_act = true;
+    EXPECT_TRUE(check_run(p, clean));
+    expect_caught(
+        p,
+        fused([&](GpuRun& r) {
+          uint8_t* row = r.host_workspace.data() + r.offsets.act_q + 3 * I;
+          uint8_t* largest = std::max_element(row, row + std::min<int64_t>(I, kFp8BlockSize), [](uint8_t a, uint8_t b) {
+            return std::fabs(fp8::decode_e4m3(a)) < std::fabs(fp8::decode_e4m3(b));
+          });
+          *largest ^= 0x80;
+        }),
+        "more than one e4m3 step", "fused act_q: a group's largest value negated");
+    expect_caught(
+        p, fused([&](GpuRun& r) { scale_rows(r, r.offsets.act_scale, Elem::FP32, 1, 1.01); }),
+        "fp8 activation scales differ", "fused act_scale 1% off");
+    expect_caught(
+        p, fused([&](GpuRun& r) { std::fill_n(r.host_workspace.data() + r.offsets.act_q + 2 * I, I, kPoison); }),
+        "not finite (unwritten?)", "fused act_q row unwritten");
+  }
 }
 
 const char* const kCheckRunNames[] = {"grouped_sigmoid_bf16",          "w8a8_fp16_kn",

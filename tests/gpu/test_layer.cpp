@@ -186,8 +186,9 @@ TEST(Sanitize, Fp8BlockWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Block
 
 // fp8_block's prefill tiles past 128 weight rows: each K block's partial sums in two passes of half
 // the rows. 256 rows where every pass lies in one scale block (H = 384, I = 256: the planner's
-// prefill tile), gated GEMM 1 and not; 192 rows (passes of 96 that meet block edges) on the odd
-// sizes of eight_bit_config.
+// prefill tile), gated GEMM 1 and not (also I = 384: a last column tile half past N, whose GEMM 1
+// quantizes one group); 192 rows (passes of 96 that meet block edges) on the odd sizes of
+// eight_bit_config.
 LayerOptions fp8_block_wide_tiles(int weight_rows, bool gated) {
   auto wg = [](int bn, int stages) { return TileShape{GemmKernel::Wgmma, 128, bn, 128, 128 / 16 + 4, 1, stages}; };
   LayerOptions options;
@@ -203,6 +204,8 @@ TEST(Sanitize, Fp8BlockTwoPassWgmma) {
   MoeConfig plain = aligned;  // not gated: GEMM 1's passes split one half
   plain.gated = false;
   plain.activation = Activation::Gelu;
+  sanitize_config(plain, {700}, false, fp8_block_wide_tiles(256, false));
+  plain.moe_intermediate = 384;  // GEMM 1's last 256-column tile holds one scale group of two
   sanitize_config(plain, {700}, false, fp8_block_wide_tiles(256, false));
   sanitize_config(eight_bit_config(Quant::Fp8Block), {700, 1001}, true, fp8_block_wide_tiles(192, true));
 }

@@ -468,6 +468,10 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
       EXPECT_TRUE(again.topk_ids == first.topk_ids && again.topk_weights == first.topk_weights) << v.what;
       EXPECT_TRUE(again.sorted_pair == first.sorted_pair && again.pair_pos == first.pair_pos) << v.what;
       EXPECT_TRUE(again.raw(act_offset, act_bytes) == first.raw(act_offset, act_bytes)) << v.what << ": act differs";
+      if (fused) {
+        const int64_t scale_bytes = first.rows * activation_scale_groups(c, c.local_intermediate()) * 4;
+        EXPECT_TRUE(again.raw(o.act_scale, scale_bytes) == first.raw(o.act_scale, scale_bytes)) << v.what << ": act_scale";
+      }
       EXPECT_TRUE(again.raw(o.y, y_bytes) == first.raw(o.y, y_bytes)) << v.what << ": y differs";
     }
   }
