@@ -7,7 +7,10 @@
 //   <arch>/<key[0:2]>/<key>/{kernel.cu, kernel.cubin, meta.json}   published entries
 //   tmp/<key>.XXXXXX                 a publish in progress (or one whose process died)
 //   tmp/evict.<key>.<pid>.<n>        an entry being deleted (moved here first, then removed)
-//   quarantine/<key>.<pid>.<n>       entries that failed verification, kept for inspection
+//   quarantine/<key>.<pid>.<n>       entries that failed verification, the newest
+//                                    kQuarantineKeep kept for inspection
+// A process holds flock(2) on each tmp folder it works in until it is done, so a sweep tells a
+// dead process's leftovers (no lock) from live work at once, not only after an hour.
 //   locks/<key>.lock                 flock(2) files; only clear() deletes them
 //
 // LRU stamp: the entry folder's mtime. Publish and every successful load set it to the current
@@ -59,6 +62,15 @@ using disk_entry::valid_key;
 namespace {
 
 constexpr int64_t kStaleTmpSeconds = 3600;
+// A tmp folder is locked right after it is made; one this old without a lock has no live owner.
+constexpr int64_t kUnlockedTmpSeconds = 10;
+
+// Takes the working lock of a tmp folder (see the layout); false if another process holds it.
+bool lock_folder(int fd, bool wait) {
+  while (::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0)
+    if (errno != EINTR) return false;
+  return true;
+}
 
 // The root-level failure, worded for the one warning the user sees.
 std::string describe_failure(const std::string& root, const std::string& doing, int err) {
@@ -79,6 +91,12 @@ std::string describe_failure(const std::string& root, const std::string& doing, 
 }
 
 }  // namespace
+
+struct DiskCache::Quarantined {
+  std::string path;
+  int64_t bytes = 0;
+  int64_t ctime_ns = 0;  // when it was moved in (a rename sets the ctime)
+};
 
 struct DiskCache::Scanned {
   std::string arch, key, path;
@@ -141,18 +159,28 @@ std::string DiskCache::open_root() {
   return {};
 }
 
-// Removes temp folders older than an hour: publishes whose process died, or evictions cut short.
-// A live publish touches its folder when it creates each file and takes seconds, so it is never
-// this old; folders of other users are left alone.
+// Removes what dead processes left in tmp: publishes and evictions cut short, probe files. A
+// folder nobody holds the lock of (after the moment between its creation and its lock) is a dead
+// process's; anything older than an hour too (a lock on a filesystem without flock, a stray
+// file). A live publish takes seconds. Other users' leftovers are left alone.
 void DiskCache::sweep_tmp() {
   std::string tmp = root_ + "/v1/tmp";
-  int64_t cutoff = static_cast<int64_t>(::time(nullptr)) - kStaleTmpSeconds;
+  const int64_t now = static_cast<int64_t>(::time(nullptr));
   for (const auto& name : names_in(tmp)) {
     std::string path = tmp + "/" + name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
-    if (st.st_mtim.tv_sec >= cutoff) continue;
-    remove_tree(path);
+    const int64_t age = now - static_cast<int64_t>(st.st_mtim.tv_sec);
+    bool dead = age > kStaleTmpSeconds;
+    if (!dead && age > kUnlockedTmpSeconds) {
+      if (S_ISDIR(st.st_mode)) {
+        Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        dead = fd.get() >= 0 && lock_folder(fd.get(), false);  // released when fd closes
+      } else {
+        dead = true;  // only folders are worked in; a file here is a killed open_root()'s probe
+      }
+    }
+    if (dead) remove_tree(path);
   }
 }
 
@@ -162,16 +190,47 @@ std::string DiskCache::entry_dir(const std::string& arch, const std::string& key
 
 // Moves a bad entry aside so no one trusts it again and the next publish can take its path.
 // If another process moved or evicted it first, the rename fails and there is nothing to do.
+// The quarantine then keeps its newest kQuarantineKeep entries.
 void DiskCache::quarantine(const std::string& dir) {
   std::string key = base_of(dir);
   for (int attempt = 0; attempt < 4; ++attempt) {
     std::string target = root_ + "/v1/quarantine/" + unique_name(key);
-    if (::rename(dir.c_str(), target.c_str()) == 0) return;
+    if (::rename(dir.c_str(), target.c_str()) == 0) break;
     if (errno != EEXIST && errno != ENOTEMPTY) return;  // a name left by a dead pid: try the next
   }
+  trim_quarantine(kQuarantineKeep);
 }
 
-std::optional<CachedBinary> DiskCache::load(const std::string& arch, const std::string& key) {
+std::vector<DiskCache::Quarantined> DiskCache::quarantined() const {
+  std::vector<Quarantined> out;
+  const std::string dir = root_ + "/v1/quarantine";
+  for (const auto& name : names_in(dir)) {
+    Quarantined q{dir + "/" + name};
+    struct stat st {};
+    if (::lstat(q.path.c_str(), &st) != 0) continue;
+    q.bytes = S_ISDIR(st.st_mode) ? bytes_in(q.path) : static_cast<int64_t>(st.st_size);
+    q.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+    out.push_back(std::move(q));
+  }
+  std::sort(out.begin(), out.end(), [](const Quarantined& a, const Quarantined& b) {
+    return a.ctime_ns != b.ctime_ns ? a.ctime_ns < b.ctime_ns : a.path < b.path;
+  });
+  return out;
+}
+
+void DiskCache::trim_quarantine(size_t keep) {
+  std::vector<Quarantined> all = quarantined();
+  for (size_t i = 0; i + keep < all.size(); ++i) remove_tree(all[i].path);
+}
+
+int64_t DiskCache::quarantine_bytes() const {
+  int64_t total = 0;
+  for (const auto& q : quarantined()) total += q.bytes;
+  return total;
+}
+
+std::optional<CachedBinary> DiskCache::load(const std::string& arch, const std::string& key,
+                                            DiskVerifyFinding* refused) {
   if (!usable_ || !valid_arch(arch) || !valid_key(key)) return std::nullopt;
   std::string dir = entry_dir(arch, key);
   // Open the folder once and read its files relative to it, so a concurrent eviction or
@@ -180,9 +239,16 @@ std::optional<CachedBinary> DiskCache::load(const std::string& arch, const std::
   Fd dirfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dirfd.get() < 0) return std::nullopt;
   struct stat st {};
-  if (::fstat(dirfd.get(), &st) != 0 || !trusted(st)) return std::nullopt;
+  if (::fstat(dirfd.get(), &st) != 0) return std::nullopt;
+  if (!trusted(st)) {
+    if (refused) *refused = {dir, distrust(dir, st)};
+    return std::nullopt;
+  }
   EntryRead read = read_entry(dirfd.get(), arch, key);
-  if (read.status == EntryRead::Refused) return std::nullopt;  // not ours: never moved, never deleted
+  if (read.status == EntryRead::Refused) {  // not ours: never moved, never deleted
+    if (refused) *refused = {dir, read.why};
+    return std::nullopt;
+  }
   if (read.status == EntryRead::Corrupt) {
     // Quarantine only the folder we read: if it was replaced since (evicted and republished by
     // another process), the path now holds someone's fresh entry. The remaining window between
@@ -215,6 +281,7 @@ bool DiskCache::publish(const CachedBinary& binary, std::string* error) {
   (void)::chmod(tmp.c_str(), 0700);  // mkdtemp's 0700 passes through the umask
   Fd tmpfd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (tmpfd.get() < 0) return fail(fmt::format("opening {}: {}", tmp, errno_text(errno)));
+  (void)lock_folder(tmpfd.get(), true);  // held until tmpfd closes: sweeps leave the folder alone
 
   if (std::string why = disk_entry::write_entry(tmpfd.get(), tmp, binary); !why.empty())
     return fail(std::move(why));
@@ -324,15 +391,16 @@ DiskVerifyResult DiskCache::verify() {
     Fd fd(::open(s.path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) continue;  // evicted meanwhile
     if (!s.trusted) {
-      result.refused.push_back(s.path);
+      struct stat st {};
+      result.refused.push_back({s.path, ::fstat(fd.get(), &st) == 0 ? distrust(s.path, st) : "cannot stat it"});
       continue;
     }
     EntryRead read = read_entry(fd.get(), s.arch, s.key);  // no LRU stamp: verifying is not a use
     if (read.status == EntryRead::Refused) {
-      result.refused.push_back(s.path);
+      result.refused.push_back({s.path, read.why});
     } else if (read.status == EntryRead::Corrupt) {
       quarantine(s.path);
-      result.bad.push_back(s.path);
+      result.bad.push_back({s.path, read.why});
     }
   }
   return result;
@@ -352,6 +420,9 @@ bool DiskCache::remove(const std::string& arch, const std::string& key) {
 
 bool DiskCache::remove_entry(const std::string& dir, bool* gone) const {
   *gone = false;
+  // Locked before it moves into tmp, so a sweep never takes it for a dead process's.
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() >= 0) (void)lock_folder(fd.get(), true);
   std::string target = root_ + "/v1/tmp/" + unique_name("evict." + base_of(dir));
   if (::rename(dir.c_str(), target.c_str()) != 0) {
     *gone = errno == ENOENT;
@@ -361,14 +432,22 @@ bool DiskCache::remove_entry(const std::string& dir, bool* gone) const {
   return true;
 }
 
-// Evicts least-recently-used entries (oldest mtime first; ties by path, for a fixed order) until
-// the total is at most `max_bytes`. Skips `keep` (the entry just published) and entries that are
+// Evicts the quarantine's entries, then least-recently-used entries (oldest mtime first; ties by
+// path, for a fixed order) until the total is at most `max_bytes`. Skips `keep` (the entry just published) and entries that are
 // not ours. Concurrent evictors may both remove an entry's worth: the cache then ends a little
 // under the cap, never over it because of the race.
 int DiskCache::evict_to(int64_t max_bytes, const std::string& keep) {
   std::vector<Scanned> entries = scan();
   int64_t total = 0;
   for (const auto& s : entries) total += s.bytes;
+  // The quarantine's bytes count too, and go first (oldest first): they serve no load.
+  const std::vector<Quarantined> held = quarantined();
+  for (const auto& q : held) total += q.bytes;
+  for (const auto& q : held) {
+    if (total <= max_bytes) break;
+    remove_tree(q.path);
+    total -= q.bytes;
+  }
   std::sort(entries.begin(), entries.end(), [](const Scanned& a, const Scanned& b) {
     return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.path < b.path;
   });
@@ -390,6 +469,7 @@ int DiskCache::evict_to(int64_t max_bytes, const std::string& keep) {
 int DiskCache::prune(int64_t max_bytes) {
   if (!usable_) return 0;
   if (read_only_) throw Error(read_only_reason_ + "; nothing can be evicted");
+  trim_quarantine(0);
   return evict_to(std::max<int64_t>(max_bytes, 0), std::string());
 }
 

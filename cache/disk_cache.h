@@ -9,7 +9,9 @@
 // Trust: the root is created 0700. Entries (and the root) that are not owned by this user or are
 // writable by group/others are refused (a shared writable cache is a code-injection path).
 // Loads verify the cubin's SHA-256 against meta.json; a bad entry is moved aside to
-// <root>/v1/quarantine and reported as a miss, so the caller rebuilds it.
+// <root>/v1/quarantine and reported as a miss, so the caller rebuilds it. The quarantine keeps the
+// newest kQuarantineKeep entries for inspection; its bytes count against the size cap (evicted
+// first) and prune() empties it.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +33,15 @@ struct DiskEntryInfo {
   std::vector<std::string> kernel_names;
 };
 
+// An entry verify() did not pass, and why (worded for the user).
+struct DiskVerifyFinding {
+  std::string path, why;
+};
+
 struct DiskVerifyResult {
   int checked = 0;
-  std::vector<std::string> bad;             // paths of entries that failed and were quarantined
-  std::vector<std::string> refused;         // not owned by this user or writable by others; left in place
+  std::vector<DiskVerifyFinding> bad;       // failed its checks and was quarantined
+  std::vector<DiskVerifyFinding> refused;   // not owned by this user or writable by others; left in place
 };
 
 // Held while compiling a key; releases on destruction. Advisory (flock), best effort.
@@ -57,8 +64,10 @@ class DiskCache {
   const std::string& read_only_reason() const { return read_only_reason_; }
   const std::string& root() const { return root_; }
 
-  // The entry for (arch, key), verified; nullopt on a miss, a refused or a corrupt entry.
-  std::optional<CachedBinary> load(const std::string& arch, const std::string& key);
+  // The entry for (arch, key), verified; nullopt on a miss, a refused or a corrupt entry. A refused
+  // entry (left in place: not this user's to move) sets `*refused` to its path and why.
+  std::optional<CachedBinary> load(const std::string& arch, const std::string& key,
+                                   DiskVerifyFinding* refused = nullptr);
 
   // Publishes atomically; returns false (and leaves no partial entry) when the disk refuses,
   // saying why in `*error` when given. Returns true when another process published the key first.
@@ -76,7 +85,11 @@ class DiskCache {
   int64_t total_bytes() const;
   DiskVerifyResult verify();
   int clear();                               // removes every entry; returns how many
-  int prune(int64_t max_bytes);              // LRU-evicts down to max_bytes; returns how many
+  // Empties the quarantine, then LRU-evicts entries down to max_bytes; returns how many entries.
+  int prune(int64_t max_bytes);
+  int64_t quarantine_bytes() const;          // what the quarantine holds
+
+  static constexpr int kQuarantineKeep = 8;
 
  private:
   struct Scanned;
@@ -85,6 +98,9 @@ class DiskCache {
   std::vector<Scanned> scan() const;
   std::string entry_dir(const std::string& arch, const std::string& key) const;
   void quarantine(const std::string& dir);
+  struct Quarantined;
+  std::vector<Quarantined> quarantined() const;  // oldest first
+  void trim_quarantine(size_t keep);
   bool remove_entry(const std::string& dir, bool* gone) const;
   int evict_to(int64_t max_bytes, const std::string& keep);
 

@@ -97,10 +97,18 @@ std::shared_ptr<const CachedBinary> KernelCache::resolve(const std::string& arch
                                                          CacheOutcome* outcome) {
   DiskCache* d = disk();
   if (d) {
-    if (auto hit = d->load(arch, key)) {
+    DiskVerifyFinding refused;
+    if (auto hit = d->load(arch, key, &refused)) {
       *outcome = CacheOutcome::DiskHit;
       return std::make_shared<const CachedBinary>(std::move(*hit));
     }
+    // A refused entry stays in place (not ours to move) and its key is built on every run: say so
+    // once, with what to fix.
+    if (!refused.path.empty() && !refused_warned_.exchange(true))
+      fmt::print(stderr,
+                 "moejit: the cache entry {} is refused ({}); building its kernels in memory on every run until "
+                 "it is fixed or removed (`moejit cache verify` lists refused entries)\n",
+                 refused.path, refused.why);
   }
   // Hold the key's lock across build and publish, so a second process waits instead of compiling
   // the same key, then finds the entry on its re-check. Without the lock (null: it could not be

@@ -51,6 +51,7 @@ class KernelCache {
                                               CacheOutcome* outcome);
   std::unique_ptr<DiskCache> disk_;
   std::atomic<bool> publish_failed_{false};  // after the first failed publish: load only, one warning
+  std::atomic<bool> refused_warned_{false};  // the first refused entry was reported
   std::string warning_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const CachedBinary>> memory_;

@@ -32,16 +32,13 @@ namespace {
 
 constexpr int64_t kDefaultPlanTokens = 4096;
 
-// Long values are cut in messages: a hostile argument is not echoed whole.
-std::string abbreviated(const std::string& text) { return text.size() <= 40 ? text : text.substr(0, 37) + "..."; }
-
 // "512M", "2G", "1.5G", "1048576" -> bytes: digits with an optional fraction and unit, nothing
 // else (no sign, space, exponent, nan or inf), at most INT64_MAX bytes. A bad size must never
 // reach prune, which would evict to whatever it became.
 int64_t parse_size(const std::string& text) {
   const std::string message =
       fmt::format("--max-size: '{}' is not a size; use bytes or a number with K, M or G (e.g. 512M), at most 2^63-1 bytes",
-                  abbreviated(text));
+                  shown(text));
   size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
   const std::string number = text.substr(0, digits), suffix = text.substr(digits);
@@ -63,7 +60,7 @@ int64_t parse_tokens(const std::string& flag, const std::string& text) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || !std::isdigit(static_cast<unsigned char>(text.front())) || error != std::errc{} ||
       end != text.data() + text.size())
-    throw InvalidInput(fmt::format("{}: '{}' is not a token count; allowed a whole number >= 0", flag, abbreviated(text)));
+    throw InvalidInput(fmt::format("{}: '{}' is not a token count; allowed a whole number >= 0", flag, shown(text)));
   return value;
 }
 
@@ -276,9 +273,11 @@ int run(int argc, char** argv) {
       fmt::print("root: {}\nentries: {}\nsize: {}\n", disk.root(), disk.list().size(), human_bytes(disk.total_bytes()));
     } else if (cache_verify->parsed()) {
       DiskVerifyResult r = require_disk().verify();
-      fmt::print("checked {} entries, {} bad\n", r.checked, r.bad.size());
-      for (const auto& bad : r.bad) fmt::print("quarantined: {}\n", bad);
-      return r.bad.empty() ? 0 : 1;
+      fmt::print("checked {} entries, {} bad, {} refused\n", r.checked, r.bad.size(), r.refused.size());
+      for (const auto& bad : r.bad) fmt::print("quarantined: {}: {}\n", bad.path, bad.why);
+      for (const auto& refused : r.refused)
+        fmt::print("refused (left in place; fix its owner or mode, or remove it): {}: {}\n", refused.path, refused.why);
+      return r.bad.empty() && r.refused.empty() ? 0 : 1;
     } else if (cache_clear->parsed()) {
       fmt::print("removed {} entries\n", require_disk().clear());
     } else if (cache_prune->parsed()) {
@@ -286,7 +285,9 @@ int run(int argc, char** argv) {
       fmt::print("evicted {} entries\n", require_disk().prune(bytes));
     }
   } catch (const InvalidInput& e) {
-    fmt::print(stderr, "moejit: {}\n", e.what());
+    // One line of at most 300 characters, whatever a message quotes (values are cut where they
+    // are quoted; this is the last guard).
+    fmt::print(stderr, "moejit: {}\n", one_line_message(e.what(), 292));
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "moejit: {}\n", e.what());

@@ -28,7 +28,7 @@ nlohmann::json parse_bounded_json(std::string_view text, const std::string& what
     std::string message = e.what();
     const size_t quote = message.find('\'');
     throw InvalidInput(fmt::format("{}: a number does not fit a double ({})", what,
-                                   quote == std::string::npos ? message : message.substr(quote)));
+                                   shown(quote == std::string::npos ? message : message.substr(quote))));
   } catch (const nlohmann::json::exception& e) {
     std::string message = e.what();
     if (message.size() > 200) message = message.substr(0, 197) + "...";

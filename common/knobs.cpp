@@ -27,7 +27,7 @@ bool env_flag(const char* name, bool fallback) {
   if (v.empty()) return fallback;
   if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
   if (v == "0" || v == "false" || v == "off" || v == "no") return false;
-  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: 0, 1", name, v));
+  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: 0, 1", name, shown(v)));
 }
 
 int64_t env_int(const char* name, int64_t fallback, int64_t min) {
@@ -39,7 +39,7 @@ int64_t env_int(const char* name, int64_t fallback, int64_t min) {
   const auto [end, error] = std::from_chars(v.data(), v.data() + v.size(), parsed);
   if (error != std::errc{} || end != v.data() + v.size() || parsed < min)
     throw InvalidInput(fmt::format("{}: '{}' is not allowed; expected an integer from {} to {}", name,
-                                   v.size() <= 40 ? v : v.substr(0, 37) + "...", min,
+                                   shown(v), min,
                                    std::numeric_limits<int64_t>::max()));
   return parsed;
 }
@@ -59,7 +59,7 @@ std::string env_choice(const char* name, const char* fallback, std::initializer_
     if (v == w) return v;
     allowed += allowed.empty() ? w : std::string(", ") + w;
   }
-  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: {}", name, v, allowed));
+  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: {}", name, shown(v), allowed));
 }
 
 std::string flag_text(bool on) { return on ? "1" : "0"; }

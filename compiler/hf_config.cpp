@@ -111,7 +111,7 @@ Scoring parse_scoring(const Keys& k, const std::string& key, const std::string& 
   std::string v = k.string(key, def);
   if (v == "softmax") return Scoring::Softmax;
   if (v == "sigmoid") return Scoring::Sigmoid;
-  k.fail(fmt::format("key '{}' is '{}'; allowed values: softmax, sigmoid", k.path(key), v));
+  k.fail(fmt::format("key '{}' is '{}'; allowed values: softmax, sigmoid", k.path(key), shown(v)));
 }
 
 TopkMethod parse_method(const Keys& k, const std::string& key, const std::string& def) {
@@ -120,7 +120,7 @@ TopkMethod parse_method(const Keys& k, const std::string& key, const std::string
   if (v == "group_limited_greedy") return TopkMethod::GroupLimitedGreedy;
   if (v == "noaux_tc") return TopkMethod::NoauxTc;
   k.fail(fmt::format("key '{}' is '{}'; allowed values: greedy, group_limited_greedy, noaux_tc",
-                     k.path(key), v));
+                     k.path(key), shown(v)));
 }
 
 // Keys every family spells the same way.
@@ -309,7 +309,7 @@ void map_activation(const Keys& k, MoeConfig& c) {
   std::vector<std::string_view> names;
   for (const auto& entry : hf_activations()) names.push_back(entry.first);
   k.fail(fmt::format("key '{}' is '{}', which moejit does not implement; allowed values: {}", k.path("hidden_act"),
-                     act, fmt::join(names, ", ")));
+                     shown(act), fmt::join(names, ", ")));
 }
 
 // transformers >= 4.56 saves "dtype"; older versions saved "torch_dtype". Without either, the
@@ -325,7 +325,7 @@ void map_dtype(const Keys& k, MoeConfig& c) {
   else if (v == "float32")
     c.dtype = DType::FP32;
   else
-    k.fail(fmt::format("key '{}' is '{}'; allowed values: bfloat16, float16, float32", k.path(key), v));
+    k.fail(fmt::format("key '{}' is '{}'; allowed values: bfloat16, float16, float32", k.path(key), shown(v)));
 }
 
 void map_quant(const Keys& k, const json& obj, MoeConfig& c) {
@@ -346,11 +346,11 @@ void map_quant(const Keys& k, const json& obj, MoeConfig& c) {
     const std::string fmt_name = qk.string("fmt", "e4m3");
     if (fmt_name != "e4m3")
       k.fail(fmt::format("key '{}' is '{}'; moejit reads float8_e4m3fn checkpoints (allowed: e4m3){}",
-                         qk.path("fmt"), fmt_name, hint));
+                         qk.path("fmt"), shown(fmt_name), hint));
     const std::string scheme = qk.string("activation_scheme", "dynamic");
     if (scheme != "dynamic")
       k.fail(fmt::format("key '{}' is '{}'; moejit quantizes activations at run time (allowed: dynamic){}",
-                         qk.path("activation_scheme"), scheme, hint));
+                         qk.path("activation_scheme"), shown(scheme), hint));
     if (!qk.has("weight_block_size")) {
       c.quant = Quant::Fp8Tensor;
       return;
@@ -368,7 +368,7 @@ void map_quant(const Keys& k, const json& obj, MoeConfig& c) {
   }
   k.fail(fmt::format("key '{}' is '{}', which moejit does not read; moejit reads unquantized and fp8 "
                      "(quant_method fp8) checkpoints{}",
-                     qk.path("quant_method"), method, hint));
+                     qk.path("quant_method"), shown(method), hint));
 }
 
 }  // namespace
@@ -416,7 +416,7 @@ MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
   if (family == nullptr)
     throw InvalidInput(fmt::format("Hugging Face config: key '{}' is '{}', which is not a supported MoE "
                                    "family; supported model_type values: {}",
-                                   model_type_key, model_type, supported_families()));
+                                   model_type_key, shown(model_type), supported_families()));
 
   // Overrides go in first, so that mappings which depend on another field (groups on the topk
   // method, router_dtype on dtype, qwen2_moe's shared count on moe_intermediate) see the value the

@@ -53,7 +53,7 @@ template <typename Enum>
 Enum parse_enum(const EnumNames<Enum>& names, std::string_view field, std::string_view value) {
   for (auto& [e, n] : names.items)
     if (n == value) return e;
-  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: {}", field, value,
+  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: {}", field, shown(value),
                                  names.allowed()));
 }
 
@@ -70,7 +70,7 @@ int64_t parse_int(std::string_view field, std::string_view value) {
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc() || ptr != value.data() + value.size())
-    throw InvalidInput(fmt::format("{}: '{}' is not an integer", field, value));
+    throw InvalidInput(fmt::format("{}: '{}' is not an integer", field, shown(value)));
   return v;
 }
 
@@ -86,14 +86,31 @@ double parse_double(std::string_view field, std::string_view value) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size())
-    throw InvalidInput(fmt::format("{}: '{}' is not a number", field, value));
+    throw InvalidInput(fmt::format("{}: '{}' is not a number", field, shown(value)));
   return v;
 }
 
 bool parse_bool(std::string_view field, std::string_view value) {
   if (value == "true" || value == "1" || value == "yes") return true;
   if (value == "false" || value == "0" || value == "no") return false;
-  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: true, false", field, value));
+  throw InvalidInput(fmt::format("{}: '{}' is not allowed; allowed values: true, false", field, shown(value)));
+}
+
+// Levenshtein distance, for suggesting a field name (names are short; long input stops early).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  if (a.size() > 64 || b.size() > 64) return std::max(a.size(), b.size());
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
 }
 
 // The one table of fields: name, how to print it, how to set it from text.
@@ -339,8 +356,15 @@ void set_field(MoeConfig& config, std::string_view field, std::string_view value
       return;
     }
   }
-  throw InvalidInput(fmt::format("unknown config field '{}'; known fields: {}", field,
-                                 fmt::join(field_names(), ", ")));
+  // The nearest field name by edit distance, when it is near: a typo's fix, in a short message.
+  std::string nearest;
+  size_t best = 4;
+  for (const std::string& name : field_names()) {
+    if (const size_t d = edit_distance(field, name); d < best) best = d, nearest = name;
+  }
+  throw InvalidInput(fmt::format("unknown config field '{}'; {}", shown(field),
+                                 nearest.empty() ? "the fields are SPEC.md's (`moejit dump-source --help` lists them)"
+                                                 : fmt::format("did you mean '{}'?", nearest)));
 }
 
 const std::vector<std::string>& field_names() {
@@ -365,7 +389,7 @@ MoeConfig preset(std::string_view name) {
   for (auto& p : presets())
     if (p.name == name) return p.config;
   throw InvalidInput(
-      fmt::format("preset: '{}' is unknown; allowed values: {}", name, fmt::join(preset_names(), ", ")));
+      fmt::format("preset: '{}' is unknown; allowed values: {}", shown(name), fmt::join(preset_names(), ", ")));
 }
 
 nlohmann::json to_json(const MoeConfig& config) {

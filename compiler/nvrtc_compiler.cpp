@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "cache/cache_key.h"
+#include "common/error.h"
 #include "compiler/embedded_templates.h"
 
 namespace moejit {
@@ -151,7 +152,7 @@ std::vector<std::string> supported_archs() {
 void check_arch(const std::string& arch) {
   auto archs = supported_archs();
   if (std::find(archs.begin(), archs.end(), arch) == archs.end())
-    throw InvalidInput(fmt::format("arch: '{}' is not supported by NVRTC {}; allowed values: {}", arch,
+    throw InvalidInput(fmt::format("arch: '{}' is not supported by NVRTC {}; allowed values: {}", shown(arch),
                                    nvrtc_version(), fmt::join(archs, ", ")));
 }
 

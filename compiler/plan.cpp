@@ -31,7 +31,7 @@ Stage parse_stage(std::string_view name) {
   for (Stage s : all_stages())
     if (to_string(s) == name) return s;
   throw InvalidInput(fmt::format(
-      "stage: '{}' is unknown; allowed values: routing, index, expand, gemm1, gemm2, combine", name));
+      "stage: '{}' is unknown; allowed values: routing, index, expand, gemm1, gemm2, combine", shown(name)));
 }
 
 std::string_view to_string(KernelRole role) {

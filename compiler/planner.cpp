@@ -27,7 +27,7 @@ void apply_overrides(const LayerSpec& spec, const std::string& arch, const std::
     if (b == buckets.end()) {
       std::string names;
       for (const auto& x : buckets) names += (names.empty() ? "" : ", ") + std::string(x.name());
-      throw InvalidInput(fmt::format("tiles: '{}' names no bucket; allowed: {}", entry, names));
+      throw InvalidInput(fmt::format("tiles: '{}' names no bucket; allowed: {}", shown(entry), names));
     }
     const std::string problem = tile_problem(spec, o.gemm1, o.tile, arch);
     if (!problem.empty()) throw InvalidInput(fmt::format("tiles: '{}' {}", entry, problem));

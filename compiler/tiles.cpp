@@ -16,7 +16,7 @@ namespace {
       "{}: '{}' {}; allowed form: <bucket>.<gemm1|gemm2>=tc:<BM>x<BN>x<BK>:s<stages>:w<M>x<N>, "
       "<bucket>.<gemm>=wg:<BM>x<BN>x<BK>:s<stages> (sm_90a), tensor-core BK 64 (128 for 8-bit weights), or "
       "<bucket>.<gemm>=simt:<BM>x<BN>x<BK>, comma-separated",
-      source, entry, why));
+      source, shown(entry), why));
 }
 
 int parse_int(std::string_view text, std::string_view source, std::string_view entry) {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -600,10 +601,48 @@ TEST(DiskCache, StaleTempFoldersAreSweptOnOpen) {
   EXPECT_TRUE(fs::exists(young_dir));  // may be a live publish of another process
 }
 
+// A publish or eviction holds flock on its tmp folder: a folder seconds old that nobody holds is
+// a killed process's and goes at once; one held is live work, whatever its age under an hour.
+TEST(DiskCache, TempFoldersOfDeadProcessesAreSweptWithoutWaitingAnHour) {
+  TempDir tmp;
+  { DiskCache create(tmp.root(), 0); }
+  const std::string dead = tmp.root() + "/v1/tmp/" + key_of("dead") + ".AbCdEf";
+  const std::string live = tmp.root() + "/v1/tmp/" + key_of("live") + ".AbCdEf";
+  const std::string probe = tmp.root() + "/v1/tmp/probe.AbCdEf";
+  for (const auto& d : {dead, live}) {
+    ASSERT_EQ(::mkdir(d.c_str(), 0700), 0);
+    write_text(d + "/kernel.cubin", "half");
+  }
+  write_text(probe, "");
+  const int held = ::open(live.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  struct timespec a_minute_ago[2] = {{::time(nullptr) - 60, 0}, {::time(nullptr) - 60, 0}};
+  for (const auto& d : {dead, live, probe}) ASSERT_EQ(::utimensat(AT_FDCWD, d.c_str(), a_minute_ago, 0), 0);
+  { DiskCache disk(tmp.root(), 0); }
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_FALSE(fs::exists(probe));
+  EXPECT_TRUE(fs::exists(live + "/kernel.cubin"));
+  ::close(held);  // its owner "died"
+  { DiskCache disk(tmp.root(), 0); }
+  EXPECT_FALSE(fs::exists(live));
+}
+
 // ---- corruption and quarantine -------------------------------------------------------------
 
 std::string entry_path(const std::string& root, const std::string& key) {
   return root + "/v1/sm_90a/" + key.substr(0, 2) + "/" + key;
+}
+
+// The paths of verify()'s findings, sorted; every finding says why.
+std::vector<std::string> paths_of(const std::vector<DiskVerifyFinding>& findings) {
+  std::vector<std::string> out;
+  for (const auto& f : findings) {
+    EXPECT_FALSE(f.why.empty()) << f.path;
+    out.push_back(f.path);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 TEST(DiskCache, CorruptCubinIsQuarantinedAndRebuilt) {
@@ -783,11 +822,18 @@ TEST(DiskCache, VerifyReportsAndQuarantinesBadEntries) {
 
   DiskVerifyResult v = disk.verify();
   EXPECT_EQ(v.checked, 3);
-  std::sort(v.bad.begin(), v.bad.end());
   std::vector<std::string> expected = {flipped, garbled};
   std::sort(expected.begin(), expected.end());
-  EXPECT_EQ(v.bad, expected);
+  EXPECT_EQ(paths_of(v.bad), expected);
   EXPECT_TRUE(v.refused.empty());
+  // Each says why: the cubin's digest, meta.json's syntax.
+  for (const auto& f : v.bad) {
+    const std::string& why = f.why;
+    if (f.path == flipped)
+      EXPECT_NE(why.find("kernel.cubin"), std::string::npos) << why;
+    else
+      EXPECT_NE(why.find("meta.json"), std::string::npos) << why;
+  }
   ASSERT_EQ(disk.list().size(), 1u);
   EXPECT_EQ(disk.list()[0].key, keys[0]);
   EXPECT_EQ(names_in(tmp.root() + "/v1/quarantine").size(), 2u);
@@ -795,6 +841,44 @@ TEST(DiskCache, VerifyReportsAndQuarantinesBadEntries) {
   DiskVerifyResult again = disk.verify();
   EXPECT_EQ(again.checked, 1);
   EXPECT_TRUE(again.bad.empty());
+}
+
+// Twenty corrupt-and-rebuild rounds leave the newest kQuarantineKeep bad entries; their bytes
+// count against the cap (evicted before any entry) and prune() empties the quarantine.
+TEST(DiskCache, QuarantineIsBoundedCountsAgainstTheCapAndPruneEmptiesIt) {
+  TempDir tmp;
+  std::string key = key_of("again and again");
+  int64_t one = 0;
+  {
+    DiskCache disk(tmp.root(), 0);
+    for (int round = 0; round < 20; ++round) {
+      ASSERT_TRUE(disk.publish(make_binary("sm_90a", key)));
+      one = disk.total_bytes();
+      write_text(entry_path(tmp.root(), key) + "/kernel.cubin", "flipped " + std::to_string(round));
+      EXPECT_FALSE(disk.load("sm_90a", key).has_value());
+    }
+    const std::vector<std::string> kept = names_in(tmp.root() + "/v1/quarantine");
+    EXPECT_EQ(kept.size(), static_cast<size_t>(DiskCache::kQuarantineKeep));
+    for (const auto& name : kept)  // the newest: rounds 12..19
+      EXPECT_GE(std::stoi(read_text(tmp.root() + "/v1/quarantine/" + name + "/kernel.cubin").substr(8)), 12) << name;
+    EXPECT_GT(disk.quarantine_bytes(), 0);
+  }
+  {
+    // A cap with room for two entries and little else: publishing evicts the quarantine first.
+    DiskCache capped(tmp.root(), 2 * one + one / 2);
+    ASSERT_TRUE(capped.publish(make_binary("sm_90a", key_of("a"))));
+    ASSERT_TRUE(capped.publish(make_binary("sm_90a", key_of("b"))));
+    EXPECT_LE(capped.total_bytes() + capped.quarantine_bytes(), 2 * one + one / 2);
+    EXPECT_TRUE(capped.load("sm_90a", key_of("a")).has_value());
+    EXPECT_TRUE(capped.load("sm_90a", key_of("b")).has_value());
+  }
+  DiskCache disk(tmp.root(), 0);
+  write_text(entry_path(tmp.root(), key_of("a")) + "/kernel.cubin", "flipped");
+  EXPECT_FALSE(disk.load("sm_90a", key_of("a")).has_value());
+  ASSERT_GT(disk.quarantine_bytes(), 0);
+  EXPECT_EQ(disk.prune(int64_t{1} << 40), 0);  // nothing to evict, but the quarantine goes
+  EXPECT_TRUE(names_in(tmp.root() + "/v1/quarantine").empty());
+  EXPECT_TRUE(disk.load("sm_90a", key_of("b")).has_value());
 }
 
 // ---- trust ---------------------------------------------------------------------------------
@@ -811,7 +895,9 @@ TEST(DiskCache, EntryWritableByOthersIsRefusedNotDeleted) {
   EXPECT_TRUE(fs::exists(dir + "/kernel.cubin"));  // left where it is
   EXPECT_TRUE(names_in(tmp.root() + "/v1/quarantine").empty());
   DiskVerifyResult v = disk.verify();
-  EXPECT_EQ(v.refused, std::vector<std::string>{dir});
+  EXPECT_EQ(paths_of(v.refused), std::vector<std::string>{dir});
+  ASSERT_EQ(v.refused.size(), 1u);
+  EXPECT_NE(v.refused[0].why.find("writable by group or others"), std::string::npos) << v.refused[0].why;
   EXPECT_TRUE(v.bad.empty());
 
   ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
@@ -822,12 +908,25 @@ TEST(DiskCache, EntryWritableByOthersIsRefusedNotDeleted) {
   ASSERT_EQ(::chmod((dir + "/kernel.cubin").c_str(), 0600), 0);
   EXPECT_TRUE(disk.load("sm_90a", key).has_value());  // the refusal was the mode, nothing else
 
-  // KernelCache builds in memory rather than trusting a refused entry.
+  // KernelCache builds in memory rather than trusting a refused entry, and says so once: the
+  // entry stays, so every run rebuilds it until someone fixes or removes it.
   ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  std::string other = key_of("o+w too");
+  ASSERT_TRUE(disk.publish(make_binary("sm_90a", other)));
+  ASSERT_EQ(::chmod(entry_path(tmp.root(), other).c_str(), 0777), 0);
   KernelCache cache(CacheOptions{tmp.root(), 0, true});
-  CacheOutcome outcome{};
+  CacheOutcome outcome{}, other_outcome{};
+  testing::internal::CaptureStderr();
   cache.get_or_build("sm_90a", key, [&] { return make_binary("sm_90a", key, 1000, 'x'); }, &outcome);
+  cache.get_or_build("sm_90a", other, [&] { return make_binary("sm_90a", other); }, &other_outcome);
+  const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(outcome, CacheOutcome::Built);
+  EXPECT_EQ(other_outcome, CacheOutcome::Built);
+  EXPECT_NE(err.find("refused"), std::string::npos) << err;
+  EXPECT_NE(err.find(dir), std::string::npos) << err;
+  EXPECT_NE(err.find("writable by group or others"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << "one warning, not one per entry: " << err;
+  EXPECT_TRUE(fs::exists(dir + "/kernel.cubin"));  // still refused, not moved
 }
 
 TEST(DiskCache, EntryOwnedByAnotherUserIsRefused) {
@@ -848,7 +947,7 @@ TEST(DiskCache, EntryOwnedByAnotherUserIsRefused) {
   EXPECT_FALSE(disk.load("sm_90a", key).has_value());
   EXPECT_TRUE(fs::exists(dir + "/kernel.cubin"));
   EXPECT_TRUE(names_in(tmp.root() + "/v1/quarantine").empty());
-  EXPECT_EQ(disk.verify().refused, std::vector<std::string>{dir});
+  EXPECT_EQ(paths_of(disk.verify().refused), std::vector<std::string>{dir});
 }
 
 TEST(DiskCache, RootWritableByOthersOrNotOwnedIsUnusable) {

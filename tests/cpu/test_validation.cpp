@@ -32,7 +32,7 @@ struct InvalidRow {
 MoeConfig base_config(const char* base) { return *base ? preset(base) : MoeConfig{}; }
 
 // Shorthands so that a row reads as "field = value".
-auto set(const char* field, const char* value) {
+auto set(std::string field, std::string value) {
   return [field, value](MoeConfig& c) { set_field(c, field, value); };
 }
 
@@ -212,7 +212,13 @@ const std::vector<InvalidRow>& invalid_rows() {
        "gated: 'TRUE' is not allowed; allowed values: true, false"},
       // set_field: unknown field lists the known ones
       {"unknown field", "", set("colour", "blue"), S::SetField,
-       "unknown config field 'colour'; known fields: experts, topk,"},
+       "unknown config field 'colour'; the fields are SPEC.md's"},
+      {"a typo of a field", "", set("router_dype", "bf16"), S::SetField,
+       "unknown config field 'router_dype'; did you mean 'router_dtype'?"},
+      {"a field name of control bytes and 300 letters", "", set("a\nb" + std::string(300, 'x'), "1"), S::SetField,
+       "unknown config field 'a\\nbxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...(303 bytes)'"},
+      {"a value of 100000 characters", "", set("dtype", std::string(100000, 'v')), S::SetField,
+       "dtype: 'vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv...(100000 bytes)' is not allowed"},
       {"HF key instead of the field name", "", set("num_experts_per_tok", "8"), S::SetField,
        "unknown config field 'num_experts_per_tok'"},
   };
