@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <tuple>
 #include <typeinfo>
 
@@ -930,11 +933,116 @@ TEST(LargeTokens, T65536SmallHidden) {
   large_tokens(c, 65536);
 }
 
+// Qwen3-30B-A3B at T = 140,000 (issue 22): T*K*H = 2.3e9 and the y buffer past 2^31 elements at
+// the preset's real sizes, bf16 and fp8_block (its fused GEMM 1 quantization included).
+TEST(LargeTokens, Qwen3AtT140000) {
+  for (Quant q : {Quant::None, Quant::Fp8Block}) {
+    MoeConfig c = preset("qwen3-30b-a3b");
+    c.quant = q;
+    SCOPED_TRACE(to_string(q));
+    large_tokens(c, 140000);
+  }
+}
+
 TEST(LargeTokens, T65536OffsetsPast2To31) {
   // 65536 tokens x 16 slots = 2^20 pairs; x H = 2100 and x I = 2100 are 2.2e9 elements, so the
   // y and act buffers (and the GEMMs' row offsets) need 64-bit arithmetic.
   MoeConfig c = small_config(32, 16, 2100, 2100, DType::BF16);
   large_tokens(c, 65536);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads (issue 22). Each worker's failure is collected and reported by the test's own thread.
+class ThreadFailures {
+ public:
+  void add(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failures_.push_back(what);
+  }
+  void report() const {
+    for (const auto& f : failures_) ADD_FAILURE() << f;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> failures_;
+};
+
+// Eight host threads call two shared layers (bf16 and fp8_block) on their own streams with their
+// own inputs, three rounds each: every output bitwise equal to the same call made alone. Short, so
+// compute-sanitizer runs it (Sanitize.*).
+TEST(Sanitize, EightThreadsCallSharedLayersOnTheirOwnStreams) {
+  MoeConfig fp8 = small_config(16, 4, 256, 256, DType::BF16);
+  fp8.quant = Quant::Fp8Block;
+  const std::vector<MoeConfig> configs = {small_config(16, 4, 264, 104, DType::BF16), fp8};
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (const auto& c : configs) layers.push_back(Layer::create(c));
+  constexpr int kThreads = 8;
+  Seeds seeds;
+  std::vector<Problem> problems;
+  std::vector<DeviceInputs> inputs;
+  std::vector<std::vector<uint8_t>> expected;
+  for (int i = 0; i < kThreads; ++i) {
+    const int64_t T = i % 2 ? 37 : 600;
+    problems.push_back(make_problem(configs[i % 2], T, seeds.next(), seeds.how_to_reproduce(), {.residual = true}));
+    inputs.push_back(upload(problems.back()));
+    Stream stream;
+    GpuRun alone = run_forward(*layers[i % 2], inputs.back(), T, stream.get());
+    ASSERT_TRUE(check_run(problems.back(), alone));
+    expected.push_back(alone.out);
+  }
+  ThreadFailures failures;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        Stream stream;
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();  // start together
+        for (int round = 0; round < 3; ++round) {
+          GpuRun run = run_forward(*layers[i % 2], inputs[i], problems[i].tokens, stream.get());
+          if (run.out != expected[i])
+            failures.add(fmt::format("thread {} round {}: output differs from the call made alone; {}", i, round,
+                                     problems[i].describe()));
+        }
+      } catch (const std::exception& e) {
+        failures.add(fmt::format("thread {}: {}", i, e.what()));
+      }
+    });
+  for (auto& t : threads) t.join();
+  failures.report();
+}
+
+// Eight threads create layers of four configs at once (two threads per config: single flight) and
+// run each against the reference.
+TEST(Threads, EightThreadsCreateLayersOfDifferentConfigsAtOnce) {
+  std::vector<MoeConfig> configs;
+  for (int i = 0; i < 4; ++i) configs.push_back(small_config(24, 4, 328 + 16 * i, 120 + 8 * i, DType::BF16));
+  configs[3].quant = Quant::Fp8Block;
+  constexpr int kThreads = 8;
+  ThreadFailures failures;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        const MoeConfig& c = configs[i % 4];
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        auto layer = Layer::create(c);
+        Seeds seeds(fmt::format("Threads.EightThreadsCreateLayersOfDifferentConfigsAtOnce/{}", i));
+        Problem p = make_problem(c, 33, seeds.next(), seeds.how_to_reproduce(), {});
+        DeviceInputs in = upload(p);
+        Stream stream;
+        if (!check_run(p, run_forward(*layer, in, 33, stream.get())))
+          failures.add(fmt::format("thread {}: the layer it created computed wrong results", i));
+      } catch (const std::exception& e) {
+        failures.add(fmt::format("thread {}: {}", i, e.what()));
+      }
+    });
+  for (auto& t : threads) t.join();
+  failures.report();
 }
 
 }  // namespace
