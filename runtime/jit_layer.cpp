@@ -54,7 +54,7 @@ class JitLayer final : public Layer {
  public:
   JitLayer(const MoeConfig& config, CompiledLayer compiled, CUcontext context, CUdevice device, bool retained_primary)
       : config_(config),
-        loaded_(std::make_unique<LoadedLayer>(std::move(compiled), context)),
+        loaded_(std::make_unique<LoadedLayer>(std::move(compiled), context, device)),
         device_(device),
         retained_primary_(retained_primary),
         programmatic_launch_(knobs().programmatic_launch && has_programmatic_launch(loaded_->plan().arch)) {}

@@ -18,6 +18,14 @@ void check_pointer(const void* p, const char* name, size_t alignment) {
   if (!aligned(p, alignment)) throw InvalidInput(fmt::format("{}: pointer {} is not {}-byte aligned", name, p, alignment));
 }
 
+void check_call_device(int layer_device, int stream_device) {
+  if (stream_device != layer_device)
+    throw InvalidInput(fmt::format(
+        "stream: its context is on device {}, and this layer was created for device {}; create a layer per device "
+        "(LayerOptions::device)",
+        stream_device, layer_device));
+}
+
 void check_tokens(const LayerSpec& c, int64_t tokens) { check_token_count(c, tokens, "tokens"); }
 
 // With no tokens nothing per token is read or written, so those pointers may be null (an empty

@@ -19,6 +19,10 @@ void check_tokens(const LayerSpec& spec, int64_t tokens);
 // Stage 1's inputs: the logits (element-aligned) and, for noaux_tc, the correction bias.
 void check_routing_arguments(const LayerSpec& spec, int64_t tokens, const void* logits, const float* bias);
 
+// A layer belongs to the device it was created for: a call on a stream of another device's
+// context is refused (InvalidInput naming both), not run with that device's memory and tiles.
+void check_call_device(int layer_device, int stream_device);
+
 // Stages 2-6's inputs, output and workspace. Returns the workspace layout for `tokens` (which the
 // size check computes anyway; empty for tokens == 0). With no tokens the per-token pointers
 // (hidden, output, residual, workspace) may be null; the weights and scales are checked always.

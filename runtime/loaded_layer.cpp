@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "runtime/layer_checks.h"
 
 namespace moejit {
 namespace {
@@ -33,7 +34,8 @@ void refuse_during_capture(CUcontext context) {
   check_cuda(r, "cuMemAlloc (capture probe)");
 }
 
-LoadedLayer::LoadedLayer(CompiledLayer compiled, CUcontext context) : compiled_(std::move(compiled)) {
+LoadedLayer::LoadedLayer(CompiledLayer compiled, CUcontext context, CUdevice device)
+    : compiled_(std::move(compiled)), device_(device) {
   std::lock_guard lock(mutex_);
   load_locked(context);
 }
@@ -71,6 +73,15 @@ void LoadedLayer::load_locked(CUcontext context) const {
   const CudaDriver& d = cuda_driver();
   const Plan& p = plan();
   check_cuda(d.ctx_push_current(context), "cuCtxPushCurrent");
+  // Once per context: a context of another device is refused before anything is loaded there.
+  CUdevice on = 0;
+  const CUresult got = d.ctx_get_device(&on);
+  if (got != CUDA_SUCCESS || on != device_) {
+    CUcontext popped = nullptr;
+    d.ctx_pop_current(&popped);
+    check_cuda(got, "cuCtxGetDevice");
+    check_call_device(static_cast<int>(device_), static_cast<int>(on));
+  }
   InContext loaded;
   loaded.context = context;
   loaded.functions.assign(p.kernels.size(), nullptr);

@@ -14,8 +14,8 @@ namespace moejit {
 
 class LoadedLayer {
  public:
-  // Loads every unit into `context` now (Layer::create's context).
-  LoadedLayer(CompiledLayer compiled, CUcontext context);
+  // Loads every unit into `context` now (Layer::create's context, on `device`).
+  LoadedLayer(CompiledLayer compiled, CUcontext context, CUdevice device);
   ~LoadedLayer();
   LoadedLayer(const LoadedLayer&) = delete;
   LoadedLayer& operator=(const LoadedLayer&) = delete;
@@ -25,7 +25,8 @@ class LoadedLayer {
 
   // The functions (by plan kernel index) of the stream's context (null stream: the current
   // context), loading the modules there on first use. Throws Error when that first use happens
-  // during stream capture. The reference stays valid for the LoadedLayer's life.
+  // during stream capture, InvalidInput when that context is on another device than the layer's
+  // (check_call_device). The reference stays valid for the LoadedLayer's life.
   const std::vector<CUfunction>& functions_for(CUstream stream) const;
 
  private:
@@ -38,6 +39,7 @@ class LoadedLayer {
   void load_locked(CUcontext context) const;
 
   CompiledLayer compiled_;
+  CUdevice device_;
   mutable std::mutex mutex_;
   // A deque: a call keeps a reference to its context's functions while another thread may load a
   // new context, and push_back on a deque never moves the existing elements.

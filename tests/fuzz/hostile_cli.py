@@ -15,6 +15,7 @@ import os
 import pathlib
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -105,13 +106,53 @@ def mutate_config(rng, text):
     return json.dumps(data).replace('"@@"', json.dumps("v" * rng.choice([1000, 10**6]))), field
 
 
+def checkpoint(rng, folder):
+    """A tiny Qwen3-MoE checkpoint (config.json, model.safetensors: 4 experts, hidden 64, I 32)
+    with one hostile change in the safetensors file: its header length, its JSON header (a
+    tensor's dtype, shape or byte range, or the text itself) or its data."""
+    config = json.loads((FIXTURES / "hf" / "qwen3-30b-a3b" / "config.json").read_text())
+    config.update(hidden_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=1)
+    (folder / "config.json").write_text(json.dumps(config))
+    header, offset = {}, 0
+    for e in range(4):
+        for name, shape in (("gate_proj", [32, 64]), ("up_proj", [32, 64]), ("down_proj", [64, 32])):
+            size = shape[0] * shape[1] * 2
+            header[f"model.layers.0.mlp.experts.{e}.{name}.weight"] = {
+                "dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+    data = bytes(offset)
+    kind = rng.randrange(6)
+    name = rng.choice(list(header))
+    if kind == 0:
+        header[name]["dtype"] = hostile_value(rng) if rng.random() < 0.5 else rng.choice(["F8_E4M3", "I64", "bf16", "F16"])
+    elif kind == 1:
+        header[name]["shape"] = rng.choice([[], [-1, 64], [2**62, 2**62], [32], [32, 64, 1], "x", [0, 64], [32.5, 64]])
+    elif kind == 2:
+        start, end = header[name]["data_offsets"]
+        header[name]["data_offsets"] = rng.choice([[end, start], [0, 2**63], [-8, end], [start, end + 2], [start],
+                                                   [start, 2**64], None, [start + 1, end + 1]])
+    elif kind == 3:
+        header["__metadata__"] = {"format": hostile_value(rng)}
+    text = json.dumps(header).encode()
+    if kind == 4:  # the header text cut or spliced with junk
+        at = rng.randrange(len(text) + 1)
+        text = text[:at] + (bytes(rng.randrange(256) for _ in range(rng.randrange(8))) if rng.random() < 0.5 else b"")
+    length = len(text)
+    if kind == 5:  # the length field lies
+        length = rng.choice([0, 1, 7, length + 1, length - 1, 2**63, 2**64 - 1, 100 << 20, len(text) + len(data) + 8])
+    blob = struct.pack("<Q", length % 2**64) + text + data
+    if rng.random() < 0.2:  # the data cut short
+        blob = blob[: rng.randrange(len(blob) + 1)]
+    (folder / "model.safetensors").write_bytes(blob)
+
+
 def option_name(field):
     return "--" + field.replace("_", "-")
 
 
 def invocation(rng, work):
     """(argv, field or None, file kept on failure or None)."""
-    choice = rng.randrange(10)
+    choice = rng.randrange(12)
     if choice <= 4:  # a config file (moejit JSON or a Hugging Face config.json)
         sources = sorted((FIXTURES / "moejit").glob("*.json")) + sorted((FIXTURES / "hf").glob("*/config.json"))
         text, field = mutate_config(rng, rng.choice(sources).read_text())
@@ -131,6 +172,9 @@ def invocation(rng, work):
             return ["dump-source", "--plan", "--preset", "qwen3-30b-a3b", "--max-tokens", value, "--stage",
                     "routing"], None, None
         return ["cache", "prune", "--max-size", value], None, None
+    if choice >= 10:  # a model folder whose checkpoint file is hostile
+        checkpoint(rng, work)
+        return ["inspect", "--model", str(work)], None, work / "model.safetensors"
     # special files where a config belongs
     path = work / "special"
     kind = rng.randrange(3)
@@ -144,10 +188,13 @@ def invocation(rng, work):
     return ["dump-source", "--config", str(path), "--stage", "routing"], None, None
 
 
-def check(result, field):
+def check(result, field, argv):
     """'' or what is wrong with one invocation's result."""
     if result.returncode < 0:
         return f"killed by signal {-result.returncode}"
+    # `inspect` exits 1 after its report when a layer lacks what the config needs (cli/inspect.h).
+    if argv[0] == "inspect" and result.returncode == 1 and result.stdout.startswith("checkpoint ") and not result.stderr:
+        return ""
     if result.returncode not in (0, 2):
         return f"exit {result.returncode} (0 or 2 expected): {result.stderr[-400:]!r}"
     if result.returncode == 2:
@@ -176,14 +223,14 @@ def run(cli, iterations, seed, keep_dir=None):
             try:
                 result = subprocess.run([str(cli), *argv], capture_output=True, text=True, errors="replace",
                                         timeout=TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
-                why = check(result, field)
+                why = check(result, field, argv)
             except subprocess.TimeoutExpired:
                 why = f"no exit within {TIMEOUT_S} s (a hang)"
             if why:
                 shown = " ".join(a if len(a) < 80 else a[:60] + f"...({len(a)} chars)" for a in argv)
                 line = f"case {i} (seed {seed}): moejit {shown}: {why}"
                 if kept is not None and keep_dir is not None:
-                    target = pathlib.Path(keep_dir) / f"seed{seed}-case{i}.json"
+                    target = pathlib.Path(keep_dir) / f"seed{seed}-case{i}-{kept.name}"
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(kept, target)
                     line += f" (input kept at {target})"
