@@ -61,7 +61,9 @@ class Layer {
   // argument otherwise. tokens == 0 returns at once (the per-token pointers, hidden, logits,
   // residual, output, workspace and the top-k arrays, may then be null, as an empty tensor's
   // are). Never synchronizes or allocates; graph
-  // capturable once the layer's modules are loaded in the stream's context.
+  // capturable once the layer's modules are loaded in the stream's context. A stream of another
+  // context on the layer's device loads the modules there on first use; one on another device is
+  // refused (InvalidInput): a layer per device.
   virtual void forward(void* stream, int64_t tokens, const LayerInputs& inputs, void* output, void* workspace,
                        size_t workspace_size) const = 0;
 
