@@ -968,6 +968,26 @@ class ThreadFailures {
   std::vector<std::string> failures_;
 };
 
+// Runs body(i, failures) on `count` threads that start together; what they record, and any
+// exception one throws, is reported by the calling thread once all have joined.
+void run_together(int count, const std::function<void(int, ThreadFailures&)>& body) {
+  ThreadFailures failures;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < count; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        ready.fetch_add(1);
+        while (ready.load() < count) std::this_thread::yield();
+        body(i, failures);
+      } catch (const std::exception& e) {
+        failures.add(fmt::format("thread {}: {}", i, e.what()));
+      }
+    });
+  for (auto& t : threads) t.join();
+  failures.report();
+}
+
 // Eight host threads call two shared layers (bf16 and fp8_block) on their own streams with their
 // own inputs, three rounds each: every output bitwise equal to the same call made alone. Short, so
 // compute-sanitizer runs it (Sanitize.*).
@@ -991,27 +1011,15 @@ TEST(Sanitize, EightThreadsCallSharedLayersOnTheirOwnStreams) {
     ASSERT_TRUE(check_run(problems.back(), alone));
     expected.push_back(alone.out);
   }
-  ThreadFailures failures;
-  std::atomic<int> ready{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i)
-    threads.emplace_back([&, i] {
-      try {
-        Stream stream;
-        ready.fetch_add(1);
-        while (ready.load() < kThreads) std::this_thread::yield();  // start together
-        for (int round = 0; round < 3; ++round) {
-          GpuRun run = run_forward(*layers[i % 2], inputs[i], problems[i].tokens, stream.get());
-          if (run.out != expected[i])
-            failures.add(fmt::format("thread {} round {}: output differs from the call made alone; {}", i, round,
-                                     problems[i].describe()));
-        }
-      } catch (const std::exception& e) {
-        failures.add(fmt::format("thread {}: {}", i, e.what()));
-      }
-    });
-  for (auto& t : threads) t.join();
-  failures.report();
+  run_together(kThreads, [&](int i, ThreadFailures& failures) {
+    Stream stream;
+    for (int round = 0; round < 3; ++round) {
+      GpuRun run = run_forward(*layers[i % 2], inputs[i], problems[i].tokens, stream.get());
+      if (run.out != expected[i])
+        failures.add(fmt::format("thread {} round {}: output differs from the call made alone; {}", i, round,
+                                 problems[i].describe()));
+    }
+  });
 }
 
 // Eight threads create layers of four configs at once (two threads per config: single flight) and
@@ -1020,29 +1028,16 @@ TEST(Threads, EightThreadsCreateLayersOfDifferentConfigsAtOnce) {
   std::vector<MoeConfig> configs;
   for (int i = 0; i < 4; ++i) configs.push_back(small_config(24, 4, 328 + 16 * i, 120 + 8 * i, DType::BF16));
   configs[3].quant = Quant::Fp8Block;
-  constexpr int kThreads = 8;
-  ThreadFailures failures;
-  std::atomic<int> ready{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i)
-    threads.emplace_back([&, i] {
-      try {
-        const MoeConfig& c = configs[i % 4];
-        ready.fetch_add(1);
-        while (ready.load() < kThreads) std::this_thread::yield();
-        auto layer = Layer::create(c);
-        Seeds seeds(fmt::format("Threads.EightThreadsCreateLayersOfDifferentConfigsAtOnce/{}", i));
-        Problem p = make_problem(c, 33, seeds.next(), seeds.how_to_reproduce(), {});
-        DeviceInputs in = upload(p);
-        Stream stream;
-        if (!check_run(p, run_forward(*layer, in, 33, stream.get())))
-          failures.add(fmt::format("thread {}: the layer it created computed wrong results", i));
-      } catch (const std::exception& e) {
-        failures.add(fmt::format("thread {}: {}", i, e.what()));
-      }
-    });
-  for (auto& t : threads) t.join();
-  failures.report();
+  run_together(8, [&](int i, ThreadFailures& failures) {
+    const MoeConfig& c = configs[i % 4];
+    auto layer = Layer::create(c);
+    Seeds seeds(fmt::format("Threads.EightThreadsCreateLayersOfDifferentConfigsAtOnce/{}", i));
+    Problem p = make_problem(c, 33, seeds.next(), seeds.how_to_reproduce(), {});
+    DeviceInputs in = upload(p);
+    Stream stream;
+    if (!check_run(p, run_forward(*layer, in, 33, stream.get())))
+      failures.add(fmt::format("thread {}: the layer it created computed wrong results", i));
+  });
 }
 
 }  // namespace
