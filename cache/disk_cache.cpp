@@ -9,9 +9,9 @@
 //   tmp/evict.<key>.<pid>.<n>        an entry being deleted (moved here first, then removed)
 //   quarantine/<key>.<pid>.<n>       entries that failed verification, the newest
 //                                    kQuarantineKeep kept for inspection
+//   locks/<key>.lock                 flock(2) files; only clear() deletes them
 // A process holds flock(2) on each tmp folder it works in until it is done, so a sweep tells a
 // dead process's leftovers (no lock) from live work at once, not only after an hour.
-//   locks/<key>.lock                 flock(2) files; only clear() deletes them
 //
 // LRU stamp: the entry folder's mtime. Publish and every successful load set it to the current
 // time (taken from the clock, with nanoseconds, not UTIME_NOW, whose coarse kernel clock can give
@@ -433,9 +433,9 @@ bool DiskCache::remove_entry(const std::string& dir, bool* gone) const {
 }
 
 // Evicts the quarantine's entries, then least-recently-used entries (oldest mtime first; ties by
-// path, for a fixed order) until the total is at most `max_bytes`. Skips `keep` (the entry just published) and entries that are
-// not ours. Concurrent evictors may both remove an entry's worth: the cache then ends a little
-// under the cap, never over it because of the race.
+// path, for a fixed order) until the total is at most `max_bytes`. Skips `keep` (the entry just
+// published) and entries that are not ours. Concurrent evictors may both remove an entry's worth:
+// the cache then ends a little under the cap, never over it because of the race.
 int DiskCache::evict_to(int64_t max_bytes, const std::string& keep) {
   std::vector<Scanned> entries = scan();
   int64_t total = 0;

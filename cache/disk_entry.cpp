@@ -9,6 +9,7 @@
 
 #include "cache/cache_files.h"
 #include "cache/cache_key.h"
+#include "common/error.h"
 
 namespace moejit::disk_entry {
 namespace {
@@ -109,8 +110,7 @@ EntryRead read_entry(int dirfd, const std::string& arch, const std::string& key)
   // a renamed or bit-flipped name would fail only at launch.
   for (const std::string& name : b.kernel_names)
     if (!identifier(name) || b.cubin.find(name) == std::string::npos) {
-      r.why = fmt::format("meta.json lists kernel '{}', which kernel.cubin does not hold",
-                          name.size() <= 80 ? name : name.substr(0, 77) + "...");
+      r.why = fmt::format("meta.json lists kernel '{}', which kernel.cubin does not hold", shown(name));
       return r;
     }
   if (str("cubin_sha256") != sha256_hex(b.cubin)) {

@@ -15,7 +15,9 @@ nlohmann::json parse_bounded_json(std::string_view text, const std::string& what
   if (text.size() > kMaxJsonBytes)
     throw InvalidInput(fmt::format("{}: {} bytes of JSON; at most {} are read", what, text.size(), kMaxJsonBytes));
   int64_t values = 0;
-  const auto bounds = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+  std::string last_key;  // the key whose value is being read, to name it when a number overflows
+  const auto bounds = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && parsed.is_string()) last_key = parsed.get<std::string>();
     if (depth > kMaxJsonDepth)
       throw InvalidInput(fmt::format("{}: the JSON nests deeper than {} levels", what, kMaxJsonDepth));
     if (++values > kMaxJsonValues)
@@ -27,7 +29,8 @@ nlohmann::json parse_bounded_json(std::string_view text, const std::string& what
   } catch (const nlohmann::json::out_of_range& e) {  // 406: a number beyond a double, e.g. 1e400
     std::string message = e.what();
     const size_t quote = message.find('\'');
-    throw InvalidInput(fmt::format("{}: a number does not fit a double ({})", what,
+    throw InvalidInput(fmt::format("{}: {}a number does not fit a double ({})", what,
+                                   last_key.empty() ? "" : fmt::format("key '{}': ", shown(last_key)),
                                    shown(quote == std::string::npos ? message : message.substr(quote))));
   } catch (const nlohmann::json::exception& e) {
     std::string message = e.what();

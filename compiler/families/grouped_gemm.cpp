@@ -99,10 +99,10 @@ std::string tile_problem(const LayerSpec& c, bool gemm1, const TileShape& t, con
       return "needs BM 64 or 128 with fp8_block (a running sum beside each K block's partial one)";
     // ... and at 256 weight rows the promotion's registers hold one weight scale per pass, not the
     // two of a pass that meets a scale-block edge (ptxas spills).
-    if (c.quant == Quant::Fp8Block && weight_rows == 256 &&
-        (gemm1 ? c.local_intermediate() : c.hidden) % kFp8BlockSize != 0)
-      return fmt::format("needs the GEMM's N ({}) a multiple of {} for 256 weight rows with fp8_block",
-                         gemm1 ? c.local_intermediate() : c.hidden, kFp8BlockSize);
+    const int64_t n = gemm1 ? c.local_intermediate() : c.hidden;
+    if (c.quant == Quant::Fp8Block && weight_rows == 256 && n % kFp8BlockSize != 0)
+      return fmt::format("needs the GEMM's N ({}) a multiple of {} for 256 weight rows with fp8_block", n,
+                         kFp8BlockSize);
     if (t.stages < 2) return "needs at least 2 stages";
     if (t.warps_m != t.bm / 16 + 4 || t.warps_n != 1) return "needs warps (bm/16 + 4) x 1";
     if (tensor_core_shared_bytes(c, gemm1, t) > 227 * 1024) return "needs more than 227 KiB of shared memory";

@@ -78,8 +78,8 @@ void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
 // about 200 KiB of shared memory. Measured on the H200 (bench/RESULTS.md, session 14, one run):
 // against 128 weight rows, DeepSeek-V3 T = 4096 / 16384 6.05 -> 5.22 / 18.47 -> 15.77 ms (732
 // TFLOP/s), Qwen3-30B-A3B 0.698 -> 0.589 / 2.509 -> 2.015, Mixtral 4.41 -> 3.72 / 16.97 -> 15.07;
-// 192 rows (two passes of 96) were 1-5% slower than 128. Decode (64-row tiles) keeps 128 rows:
-// more column tiles, so more blocks stream the weights.
+// 192 rows (two passes of 96) were 1-5% slower than 128. Decode and mid (64-row tiles) keep 128
+// rows: 256 there is not measured yet (branch exp/fp8-block-decode-256).
 void sm90_8bit_tiles(const LayerSpec& c, int bm, TokenBucket& b) {
   bm = std::max(bm, 64);
   auto tile = [&](bool gemm1) {

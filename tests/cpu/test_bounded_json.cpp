@@ -41,10 +41,18 @@ TEST(BoundedJson, DeepNestingIsRefusedWhereverItIs) {
   EXPECT_NO_THROW(parse_bounded_json("{\"a\": " + ok + "}", "test"));
 }
 
-TEST(BoundedJson, NumbersBeyondADoubleNameTheNumber) {
+TEST(BoundedJson, NumbersBeyondADoubleNameTheirKeyAndTheNumber) {
   TempDir dir;
-  const std::string message = refusal(dir.write("config.json", "{\"experts\": 1e400}"));
-  EXPECT_NE(message.find("config.json: a number does not fit a double ('1e400')"), std::string::npos) << message;
+  const std::string message = refusal(dir.write("config.json", "{\"topk\": 2, \"experts\": 1e400}"));
+  EXPECT_NE(message.find("config.json: key 'experts': a number does not fit a double ('1e400')"), std::string::npos)
+      << message;
+  try {  // no key to name: the number alone
+    parse_bounded_json("[1, -1e400]", "doc");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("doc: a number does not fit a double ('-1e400')"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(BoundedJson, SizeAndValueCountAreBounded) {

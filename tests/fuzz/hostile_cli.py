@@ -188,8 +188,9 @@ def invocation(rng, work):
     return ["dump-source", "--config", str(path), "--stage", "routing"], None, None
 
 
-def check(result, field, argv):
-    """'' or what is wrong with one invocation's result."""
+def check(result, field, argv, work):
+    """'' or what is wrong with one invocation's result (`work`: the case's folder, whose path a
+    message may quote and which names no field)."""
     if result.returncode < 0:
         return f"killed by signal {-result.returncode}"
     # `inspect` exits 1 after its report when a layer lacks what the config needs (cli/inspect.h).
@@ -205,7 +206,8 @@ def check(result, field, argv):
             return f"a message of {len(message)} characters (at most {MAX_MESSAGE}): {message[:400]!r}"
         if not message.startswith("moejit: "):
             return f"a message not starting 'moejit: ': {message[:400]!r}"
-        if field is not None and not any(name in message for name in FIELDS + ["config", "JSON", "json"]):
+        said = message.replace(str(work), "")
+        if field is not None and not any(name in said for name in FIELDS + [field, "JSON"]):
             return f"a refusal of field {field} that names no field: {message!r}"
     return ""
 
@@ -223,7 +225,7 @@ def run(cli, iterations, seed, keep_dir=None):
             try:
                 result = subprocess.run([str(cli), *argv], capture_output=True, text=True, errors="replace",
                                         timeout=TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
-                why = check(result, field, argv)
+                why = check(result, field, argv, work)
             except subprocess.TimeoutExpired:
                 why = f"no exit within {TIMEOUT_S} s (a hang)"
             if why:
