@@ -187,13 +187,16 @@ class PresetBench:
                     torch.cuda.empty_cache()
         return timings, modes
 
-    def breakdown(self, tokens, measured_ms):
+    def breakdown(self, tokens, measured_ms, calls_of=None, quant=None):
+        """The per-kernel table at `tokens` of moejit's layer and grouped_mm's; with `calls_of` (a
+        QuantBench's calls) and `quant`, of that quantized moejit layer alone."""
         args = self.args
         buf, fill = self.make_inputs(tokens, args.profile_iters)
-        calls = self.calls(buf)
+        calls = (calls_of or self.calls)(buf)
         fill(1)
         calls["moejit"](0)  # first eager call at this T outside the profiler
-        self.r.emit(f"#### Per-kernel breakdown: {self.name} T={tokens} ({args.profile_iters} eager calls, "
+        self.r.emit(f"#### Per-kernel breakdown: {self.name}{f' {quant}' if quant else ''} T={tokens} "
+                    f"({args.profile_iters} eager calls, "
                     f"{'CUDA kernels' if self.d.cuda else 'CPU operators'}, torch.profiler)")
         if (self.d.cuda and torch.cuda.get_device_capability()[0] >= 9
                 and os.environ.get("MOEJIT_PDL", "1") not in ("0", "false", "off", "no")):
@@ -202,7 +205,9 @@ class PresetBench:
             self.r.emit("")
             self.r.emit("moejit's kernel spans overlap (programmatic dependent launch; MOEJIT_PDL=0 separates "
                         "them): a kernel after the first includes time spent waiting for its predecessor.")
-        for key, label in (("moejit", "moejit layer (moe_layer)"), ("grouped_mm", "grouped_mm layer (experts only)")):
+        layers = ((("moejit", f"moejit {quant} layer (moe_layer)"),) if quant else
+                  (("moejit", "moejit layer (moe_layer)"), ("grouped_mm", "grouped_mm layer (experts only)")))
+        for key, label in layers:
             try:
                 stats = self.d.kernel_breakdown(calls[key], fill, args.profile_iters)
             except Exception as e:  # noqa: BLE001

@@ -160,13 +160,17 @@ def quant_bytes_needed(p, quant, cuda):
 def run_quant_variants(bench, quants, ceil_bw, rates, measured, report, moejit):
     """The preset's quantized table (one row per variant and T, variants in --quant order) and its
     notes; each variant is built from `bench`'s bf16 weights, compiled, guarded, timed and freed before
-    the next. Returns the problems (for the run's list)."""
+    the next (or, where --breakdown names this preset, after its per-kernel tables, which follow the
+    table). Returns the problems (for the run's list)."""
     name, p, dev, args = bench.name, bench.p, bench.d, bench.args
     report.emit(f"### {name}: quantized layers ({', '.join(quants)})")
     report.emit("")
     report.row(QUANT_COLUMNS)
     report.row(["---"] * len(QUANT_COLUMNS))
-    notes, failed = [], []
+    notes, failed, kept = [], [], []
+    # --breakdown's points of this preset: each variant's per-kernel table too (after the quantized
+    # table; the variants' weights stay on the device until then).
+    points = [tokens for bname, tokens in args.breakdown_points if bname == name]
     for quant in quants:
         qb = None
         try:
@@ -208,7 +212,10 @@ def run_quant_variants(bench, quants, ceil_bw, rates, measured, report, moejit):
             if qb is not None:
                 notes.extend(qb.notes)
                 failed.extend(qb.failed)
-                qb.free()
+                if points and not qb.failed:
+                    kept.append(qb)
+                else:
+                    qb.free()
             del qb
             if dev.cuda:
                 torch.cuda.synchronize()
@@ -217,4 +224,17 @@ def run_quant_variants(bench, quants, ceil_bw, rates, measured, report, moejit):
     for note in notes:
         report.emit(f"- {note}")
     report.emit("")
+    # The breakdowns after the table (their weights were kept for them).
+    for qb in kept:
+        for tokens in points:
+            try:
+                bench.breakdown(tokens, None, calls_of=qb.calls, quant=qb.quant)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc(file=sys.stderr)
+                report.emit(f"breakdown {name} {qb.quant} T={tokens} failed: {short_error(e)}")
+                report.emit("")
+        qb.free()
+        if dev.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
     return failed
