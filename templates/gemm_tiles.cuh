@@ -20,6 +20,12 @@ __device__ __forceinline__ void copy_16_async(unsigned dst, const void* src, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
+// 4 bytes global -> shared (through L1); zero-fills when !valid, as copy_16_async.
+__device__ __forceinline__ void copy_4_async(unsigned dst, const void* src, bool valid) {
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int PENDING>

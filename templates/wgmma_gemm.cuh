@@ -47,7 +47,8 @@
 //   8-bit only: kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows (grouped_gemm.cuh),
 //   kQuantizeOut (Out is then e4m3)
 //   kSharedBytes: the dynamic shared memory the launch provides (the pipeline, the source row
-//   table, two mbarriers per stage and 1024 bytes to align the tiles to the swizzle period)
+//   table, two mbarriers per stage, the epilogue's vectors (EPILOGUE_FLOATS) and 1024 bytes to
+//   align the tiles to the swizzle period)
 #pragma once
 
 #include "moejit/fp8.cuh"
@@ -285,9 +286,17 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   // consumers (setmaxnreg).
   constexpr bool SHIFT_REGISTERS = BLOCK && CONSUMERS == 2 && W_ROWS > 128;
   static_assert(!BLOCK || Spec::kBK == Scaling<Spec, EIGHT_BIT>::cols, "a k-tile is one scale block");
-  static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 + 1024 <=
+  // The epilogue's per-column vectors of the tile, in shared memory (see the producer): int8's
+  // channel scale per weight row and GEMM 1's act_smooth per output column, the expert bias per
+  // weight row (zero past N or where the bias is null).
+  constexpr bool CHANNEL = SCALING == kRowChannelScaling;
+  constexpr int CHANNEL_AT = 0, BIAS_AT = CHANNEL ? W_ROWS : 0;
+  constexpr int SMOOTH_AT = BIAS_AT + (Spec::kBias ? W_ROWS : 0);
+  constexpr int EPILOGUE_FLOATS = SMOOTH_AT + (CHANNEL && Spec::kGemm1 ? BN : 0);
+  static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 +
+                        EPILOGUE_FLOATS * 4 + 1024 <=
                     Spec::kSharedBytes,
-                "the launch's shared memory must hold the pipeline");
+                "the launch's shared memory must hold the pipeline and the epilogue's vectors");
 
   // The swizzle pattern repeats every 1024 bytes and the descriptors address tiles from such a
   // boundary; every stage tile is a multiple of 1024 bytes.
@@ -299,6 +308,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
   unsigned long long* full = reinterpret_cast<unsigned long long*>(a_row + BM);
   unsigned long long* empty = full + STAGES;
+  float* epilogue_vectors = reinterpret_cast<float*>(empty + STAGES);
 
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
   const ScheduledTile scheduled = scheduled_tile(args, at.tile);
@@ -351,6 +361,26 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
     // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
     // 5.37 -> 6.73 ms, bench/RESULTS.md).
+    // The epilogue's vectors first: this thread's arrival on stage 0's "full" below waits for
+    // these copies too, so every consumer has them once it has seen stage 0. (Read with __ldg in the
+    // epilogue, they were a chain of L2 and HBM misses after the main loop: int8's GEMMs ran 1.3x
+    // to 2.7x fp8_tensor's time on the same tiles, bench/RESULTS.md session 15.)
+    if constexpr (EPILOGUE_FLOATS > 0) {
+      for (int i = threadIdx.x - 128 * CONSUMERS; i < EPILOGUE_FLOATS; i += 128) {
+        const float* src = nullptr;
+        long long column;
+        if (i < SMOOTH_AT) {  // a weight row's channel scale or bias
+          const int row = i < BIAS_AT ? i - CHANNEL_AT : i - BIAS_AT, half = row / BN;
+          column = n0 + row % BN;
+          const float* base = i < BIAS_AT ? args.w_scale : args.bias;
+          if (base != nullptr && column < N) src = base + (expert * HALVES + half) * N + column;
+        } else {  // an output column's act_smooth
+          column = n0 + (i - SMOOTH_AT);
+          if (column < N) src = args.act_smooth + expert * N + column;
+        }
+        copy_4_async(shared_address(epilogue_vectors + i), src != nullptr ? src : args.w, src != nullptr);
+      }
+    }
     const SourceRows<T, BM, 128, K> a_rows(static_cast<const T*>(args.a), a_row, threadIdx.x - 128 * CONSUMERS);
     int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
     for (int kt = 0; kt < K_TILES; ++kt) {
@@ -486,16 +516,14 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   }
   float tensor_scale = 1.0f;
   if constexpr (SCALING == kTensorScaling) tensor_scale = __ldg(args.w_scale + expert);
-  // The sum of accumulator 4 j + 2 h + e, scaled back for 8-bit operands (int8: by its column's
-  // channel scale, j's weight row being half * N + n0 + column).
+  // The sum of accumulator 4 j + 2 h + e, scaled back for 8-bit operands (int8: by its weight
+  // row's channel scale; the tile's weight row j * 8 + (lane % 4) * 2 + e is half * N + column).
   auto scaled = [&](int j, int h, int e) -> float {
     const int i = 4 * j + 2 * h + e;
     if constexpr (BLOCK) {
       return total[i];
     } else if constexpr (SCALING == kRowChannelScaling) {
-      const int half = j / (BN / 8);
-      const long long column = n0 + (j % (BN / 8)) * 8 + (lane % 4) * 2 + e;
-      const float channel = column < N ? __ldg(args.w_scale + (expert * HALVES + half) * N + column) : 0.0f;
+      const float channel = epilogue_vectors[CHANNEL_AT + j * 8 + (lane % 4) * 2 + e];  // 0 past N
       return static_cast<float>(acc[i]) * row_scale[h] * channel;
     } else if constexpr (SCALING == kTensorScaling) {
       return acc[i] * row_scale[h] * tensor_scale;
@@ -507,9 +535,8 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   auto sum = [&](int j, int h, int e) -> float {
     float v = scaled(j, h, e);
     if constexpr (Spec::kBias) {
-      const int half = j / (BN / 8);
       const long long column = n0 + (j % (BN / 8)) * 8 + (lane % 4) * 2 + e;
-      if (args.bias != nullptr && column < N) v += __ldg(args.bias + (expert * HALVES + half) * N + column);
+      if (args.bias != nullptr && column < N) v += epilogue_vectors[BIAS_AT + j * 8 + (lane % 4) * 2 + e];
     }
     return v;
   };
@@ -528,8 +555,8 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
       if constexpr (SCALING == kRowChannelScaling) {
         const long long column = n0 + j * 8 + (lane % 4) * 2;
         if (column < N) {
-          x *= __ldg(args.act_smooth + expert * N + column);
-          y *= __ldg(args.act_smooth + expert * N + column + 1);
+          x *= epilogue_vectors[SMOOTH_AT + j * 8 + (lane % 4) * 2];
+          y *= epilogue_vectors[SMOOTH_AT + j * 8 + (lane % 4) * 2 + 1];
         }
       }
     }
