@@ -15,6 +15,12 @@
 //   Spec: using Src; kCols; kGroupCols (128, or kCols: one scale per row); kThreads; kLocalExperts;
 //   kSorted: the rows are expert-sorted positions (rows past the local ones are left alone);
 //            otherwise every row of the grid is a token's.
+//
+// A whole row's scale needs its amax before any element is quantized. Where the row fits
+// (RowChunks: at most kMaxRowValues values a thread), each thread loads its 16-byte chunks once
+// into registers, the block reduces the amax, and the values are quantized from the registers and
+// stored 4 or 8 bytes at a time; the planner sizes kThreads for about 4 chunks a thread. Other rows
+// (not whole 16-byte chunks, or too long) are read twice. Both compute the same floats.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -23,43 +29,126 @@
 
 namespace moejit {
 
+namespace quantize_detail {
+
+constexpr int kMaxRowValues = 64;  // register-resident values per thread
+
+// A row of COLS elements of Src in chunks of VEC elements (16 bytes where rows are whole 16-byte
+// chunks, else 1 element), CHUNKS_PER_THREAD a thread (chunk threadIdx.x + c * THREADS).
+template <typename Src, long long COLS, int THREADS>
+struct RowChunks {
+  static constexpr int VEC = (COLS * static_cast<long long>(sizeof(Src))) % 16 == 0 ? 16 / static_cast<int>(sizeof(Src)) : 1;
+  static constexpr long long CHUNKS = (COLS + VEC - 1) / VEC;
+  static constexpr int CHUNKS_PER_THREAD = static_cast<int>((CHUNKS + THREADS - 1) / THREADS);
+  static constexpr bool kInRegisters = VEC > 1 && CHUNKS_PER_THREAD * VEC <= kMaxRowValues;
+
+  // Loads this thread's chunks of `row` as floats (v[c][i]; chunks past the row are zeros).
+  __device__ static void load(const Src* row, float (&v)[CHUNKS_PER_THREAD][VEC]) {
+#pragma unroll
+    for (int c = 0; c < CHUNKS_PER_THREAD; ++c) {
+      const long long chunk = threadIdx.x + static_cast<long long>(c) * THREADS;
+      if (chunk < CHUNKS) {
+        const uint4 bits = __ldg(reinterpret_cast<const uint4*>(row) + chunk);
+        const Src* e = reinterpret_cast<const Src*>(&bits);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[c][i] = to_float(e[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[c][i] = 0.0f;
+      }
+    }
+  }
+};
+
+// Packs VEC (4 or 8) quantized bytes and stores them at q + chunk * VEC (aligned: rows of whole
+// 16-byte source chunks have byte rows of whole VEC-byte chunks).
+template <int VEC>
+__device__ __forceinline__ void store_bytes(signed char* q, long long chunk, const unsigned char (&b)[VEC]) {
+  static_assert(VEC == 4 || VEC == 8, "4 or 8 bytes");
+  unsigned lo = b[0] | b[1] << 8 | b[2] << 16 | static_cast<unsigned>(b[3]) << 24;
+  if constexpr (VEC == 4) {
+    reinterpret_cast<unsigned*>(q)[chunk] = lo;
+  } else {
+    const unsigned hi = b[4] | b[5] << 8 | b[6] << 16 | static_cast<unsigned>(b[7]) << 24;
+    reinterpret_cast<uint2*>(q)[chunk] = make_uint2(lo, hi);
+  }
+}
+
+__device__ __forceinline__ unsigned char int8_of(float x, float scale) {
+  // A zero row has scale 0: store zeros rather than 0/0.
+  const float r = scale > 0.0f ? rintf(x / scale) : 0.0f;
+  return static_cast<unsigned char>(static_cast<signed char>(fminf(fmaxf(r, -127.0f), 127.0f)));
+}
+
+}  // namespace quantize_detail
+
 template <typename Spec>
 __device__ void quantize_rows(const QuantizeArgs& args) {
+  using namespace quantize_detail;
+  using Src = typename Spec::Src;
   using Reduce = cub::BlockReduce<float, Spec::kThreads>;
+  using Row = RowChunks<Src, Spec::kCols, Spec::kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float row_scale;
 
   const long long p = blockIdx.x;
   if (p >= args.expert_offsets[Spec::kLocalExperts]) return;  // not a local row: nothing to do
 
-  const typename Spec::Src* row;
+  const Src* row;
   const float* smooth = nullptr;
   if constexpr (Spec::kGather) {
     const int f = args.sorted_pair[p];
-    row = static_cast<const typename Spec::Src*>(args.src) + static_cast<long long>(f / Spec::kTopk) * Spec::kCols;
+    row = static_cast<const Src*>(args.src) + static_cast<long long>(f / Spec::kTopk) * Spec::kCols;
     smooth = args.smooth + static_cast<long long>(args.topk_ids[f]) * Spec::kCols;
   } else {
-    row = static_cast<const typename Spec::Src*>(args.src) + p * Spec::kCols;
+    row = static_cast<const Src*>(args.src) + p * Spec::kCols;
   }
-  auto value = [&](long long c) {
-    const float x = to_float(row[c]);
-    return smooth ? x * smooth[c] : x;
+  signed char* q = args.q + p * Spec::kCols;
+  auto publish_scale = [&](float amax) {
+    amax = Reduce(temp).Reduce(amax, ::cuda::maximum<>{});
+    if (threadIdx.x == 0) {
+      row_scale = amax / 127.0f;
+      args.scale[p] = row_scale;
+    }
+    __syncthreads();
+    return row_scale;
   };
 
-  float amax = 0.0f;
-  for (long long c = threadIdx.x; c < Spec::kCols; c += Spec::kThreads) amax = fmaxf(amax, fabsf(value(c)));
-  amax = Reduce(temp).Reduce(amax, ::cuda::maximum<>{});
-  if (threadIdx.x == 0) {
-    row_scale = amax / 127.0f;
-    args.scale[p] = row_scale;
-  }
-  __syncthreads();
-  const float scale = row_scale;
-  signed char* q = args.q + p * Spec::kCols;
-  for (long long c = threadIdx.x; c < Spec::kCols; c += Spec::kThreads) {
-    // A zero row has scale 0: store zeros rather than 0/0.
-    const float r = scale > 0.0f ? rintf(value(c) / scale) : 0.0f;
-    q[c] = static_cast<signed char>(fminf(fmaxf(r, -127.0f), 127.0f));
+  if constexpr (Row::kInRegisters) {
+    constexpr int VEC = Row::VEC;
+    float v[Row::CHUNKS_PER_THREAD][VEC];
+    Row::load(row, v);
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c) {
+      const long long chunk = threadIdx.x + static_cast<long long>(c) * Spec::kThreads;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        // smooth is read per element: it is only 4-byte aligned (a caller's tensor); L2-resident.
+        if (smooth != nullptr && chunk < Row::CHUNKS) v[c][i] *= __ldg(smooth + chunk * VEC + i);
+        amax = fmaxf(amax, fabsf(v[c][i]));
+      }
+    }
+    const float scale = publish_scale(amax);
+#pragma unroll
+    for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c) {
+      const long long chunk = threadIdx.x + static_cast<long long>(c) * Spec::kThreads;
+      if (chunk >= Row::CHUNKS) continue;
+      unsigned char b[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = int8_of(v[c][i], scale);
+      store_bytes<VEC>(q, chunk, b);
+    }
+  } else {
+    auto value = [&](long long c) {
+      const float x = to_float(row[c]);
+      return smooth ? x * smooth[c] : x;
+    };
+    float amax = 0.0f;
+    for (long long c = threadIdx.x; c < Spec::kCols; c += Spec::kThreads) amax = fmaxf(amax, fabsf(value(c)));
+    const float scale = publish_scale(amax);
+    for (long long c = threadIdx.x; c < Spec::kCols; c += Spec::kThreads)
+      q[c] = static_cast<signed char>(int8_of(value(c), scale));
   }
 }
 
@@ -102,19 +191,45 @@ __device__ void quantize_fp8_rows(const QuantizeArgs& args) {
     }
   } else {
     static_assert(GROUP == COLS, "a group is 128 columns or the whole row");
+    using namespace quantize_detail;
     using Reduce = cub::BlockReduce<float, Spec::kThreads>;
+    using Row = RowChunks<typename Spec::Src, COLS, Spec::kThreads>;
     __shared__ typename Reduce::TempStorage temp;
     __shared__ float row_scale;
-    float amax = 0.0f;
-    for (long long c = threadIdx.x; c < COLS; c += Spec::kThreads) amax = fmaxf(amax, fabsf(to_float(row[c])));
-    amax = Reduce(temp).Reduce(amax, ::cuda::maximum<>{});
-    if (threadIdx.x == 0) {
-      row_scale = fmaxf(amax, 1e-10f) / kE4m3Max;
-      scale[0] = row_scale;
+    auto publish_scale = [&](float amax) {
+      amax = Reduce(temp).Reduce(amax, ::cuda::maximum<>{});
+      if (threadIdx.x == 0) {
+        row_scale = fmaxf(amax, 1e-10f) / kE4m3Max;
+        scale[0] = row_scale;
+      }
+      __syncthreads();
+      return row_scale;
+    };
+    if constexpr (Row::kInRegisters) {
+      constexpr int VEC = Row::VEC;
+      float v[Row::CHUNKS_PER_THREAD][VEC];
+      Row::load(row, v);
+      float amax = 0.0f;
+#pragma unroll
+      for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
+      const float s = publish_scale(amax);
+#pragma unroll
+      for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c) {
+        const long long chunk = threadIdx.x + static_cast<long long>(c) * Spec::kThreads;
+        if (chunk >= Row::CHUNKS) continue;
+        unsigned char b[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) b[i] = to_e4m3(v[c][i] / s).bits;
+        store_bytes<VEC>(reinterpret_cast<signed char*>(q), chunk, b);
+      }
+    } else {
+      float amax = 0.0f;
+      for (long long c = threadIdx.x; c < COLS; c += Spec::kThreads) amax = fmaxf(amax, fabsf(to_float(row[c])));
+      const float s = publish_scale(amax);
+      for (long long c = threadIdx.x; c < COLS; c += Spec::kThreads) q[c] = to_e4m3(to_float(row[c]) / s);
     }
-    __syncthreads();
-    const float s = row_scale;
-    for (long long c = threadIdx.x; c < COLS; c += Spec::kThreads) q[c] = to_e4m3(to_float(row[c]) / s);
   }
 }
 

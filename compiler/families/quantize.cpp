@@ -1,5 +1,7 @@
 #include "compiler/families/quantize.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "compiler/families/spec_text.h"
@@ -7,7 +9,18 @@
 namespace moejit {
 namespace {
 
-constexpr int kQuantizeThreads = 256;
+constexpr int kQuantizeMaxThreads = 256;
+
+// Threads per row (one block per row): about 4 of the row's 16-byte chunks a thread, which
+// quantize.cuh's RowChunks then holds in registers (a warp at least, kQuantizeMaxThreads at most).
+// Rows that are not whole 16-byte chunks, and fp8_block's warps per 128-column group, take the
+// most threads.
+int quantize_threads(int64_t cols, int src_bytes, bool per_group) {
+  if (per_group || (cols * src_bytes) % 16 != 0) return kQuantizeMaxThreads;
+  const int64_t chunks = cols * src_bytes / 16;
+  const int64_t threads = (chunks + 4 * 32 - 1) / (4 * 32) * 32;
+  return static_cast<int>(std::clamp<int64_t>(threads, 32, kQuantizeMaxThreads));
+}
 
 }  // namespace
 
@@ -33,29 +46,31 @@ std::vector<KernelPlan> quantize_kernels(const LayerSpec& c) {
     k.args_type = "moejit::QuantizeArgs";
     k.header = "moejit/quantize.cuh";
     const std::string src = expand ? spec_text::device_type(c.dtype) : "float";
+    const int src_bytes = expand ? dtype_bytes(c.dtype) : 4;
+    const int threads = quantize_threads(cols, src_bytes, c.quant == Quant::Fp8Block);
     if (fp8) {
       const int64_t group = c.quant == Quant::Fp8Block ? kFp8BlockSize : cols;
       k.spec = {
           {"using", "Src", src},
           {"long long", "kCols", std::to_string(cols)},
           {"long long", "kGroupCols", std::to_string(group)},
-          {"int", "kThreads", std::to_string(kQuantizeThreads)},
+          {"int", "kThreads", std::to_string(threads)},
           {"int", "kLocalExperts", std::to_string(c.local_experts())},
           {"bool", "kSorted", spec_text::boolean(!expand)},
       };
       // Stage 3 quantizes a token's row once; the re-quantization a sorted row (pair) each.
-      k.launch = {expand ? GridRule::TokensPerBlock : GridRule::SortedRows, kQuantizeThreads, 1};
+      k.launch = {expand ? GridRule::TokensPerBlock : GridRule::SortedRows, threads, 1};
       return k;
     }
     k.spec = {
         {"using", "Src", src},
         {"int", "kCols", std::to_string(cols)},
-        {"int", "kThreads", std::to_string(kQuantizeThreads)},
+        {"int", "kThreads", std::to_string(threads)},
         {"int", "kTopk", std::to_string(c.topk)},
         {"int", "kLocalExperts", std::to_string(c.local_experts())},
         {"bool", "kGather", spec_text::boolean(expand)},
     };
-    k.launch = {GridRule::SortedRows, kQuantizeThreads, 1};
+    k.launch = {GridRule::SortedRows, threads, 1};
     return k;
   };
   out.push_back(make(true));

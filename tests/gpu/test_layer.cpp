@@ -212,6 +212,30 @@ TEST(Sanitize, Fp8BlockTwoPassWgmma) {
 
 TEST(Sanitize, Fp8TensorWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Tensor), {5, 700}, false); }
 
+// quantize.cuh's whole-row quantizations (w8a8 and fp8_tensor, stage 3 and between the GEMMs) hold
+// a row in registers where it is whole 16-byte chunks of at most 64 values a thread; the others
+// read it twice: rows of 100 fp16 and 50 fp32 values (not whole chunks), and rows of 16400 values
+// (more than 64 a thread at 256 threads), one per stage.
+TEST(Sanitize, QuantizeRowsPastTheRegisterPath) {
+  for (Quant quant : {Quant::W8A8Int8, Quant::Fp8Tensor}) {
+    SCOPED_TRACE(to_string(quant));
+    MoeConfig c;
+    c.experts = 4;
+    c.topk = 2;
+    c.dtype = c.router_dtype = DType::FP16;
+    c.quant = quant;
+    c.hidden = 100;
+    c.moe_intermediate = 50;
+    sanitize_config(c, {7, 40}, true);
+    c.hidden = 16400;
+    c.moe_intermediate = 64;
+    sanitize_config(c, {5}, false);
+    c.hidden = 64;
+    c.moe_intermediate = 16400;
+    sanitize_config(c, {5}, false);
+  }
+}
+
 // The 8-bit mma.sync GEMMs (mma_gemm.cuh: int8 from sm_80, e4m3 from sm_89; the planner runs them
 // nowhere yet, so tile overrides force them): 16-row tiles in decode (T = 7), 64 in mid (T = 40),
 // 128 in prefill (T = 700), with the partial k-tiles, scale blocks and column tiles of H = 208,
