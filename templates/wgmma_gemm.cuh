@@ -286,15 +286,15 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   // consumers (setmaxnreg).
   constexpr bool SHIFT_REGISTERS = BLOCK && CONSUMERS == 2 && W_ROWS > 128;
   static_assert(!BLOCK || Spec::kBK == Scaling<Spec, EIGHT_BIT>::cols, "a k-tile is one scale block");
-  // The epilogue's per-column vectors of the tile, in shared memory (see the producer): int8's
-  // channel scale per weight row and GEMM 1's act_smooth per output column, the expert bias per
-  // weight row (zero past N or where the bias is null).
+  // The epilogue's per-column vectors of the tile, a copy per consumer warpgroup in shared memory
+  // (see the consumers): int8's channel scale per weight row and GEMM 1's act_smooth per output
+  // column, the expert bias per weight row (zero past N or where the bias is null).
   constexpr bool CHANNEL = SCALING == kRowChannelScaling;
   constexpr int CHANNEL_AT = 0, BIAS_AT = CHANNEL ? W_ROWS : 0;
   constexpr int SMOOTH_AT = BIAS_AT + (Spec::kBias ? W_ROWS : 0);
   constexpr int EPILOGUE_FLOATS = SMOOTH_AT + (CHANNEL && Spec::kGemm1 ? BN : 0);
   static_assert(static_cast<long long>(STAGES) * (A_STAGE + W_STAGE) * 2 + BM * 8 + STAGES * 16 +
-                        EPILOGUE_FLOATS * 4 + 1024 <=
+                        CONSUMERS * EPILOGUE_FLOATS * 4 + 1024 <=
                     Spec::kSharedBytes,
                 "the launch's shared memory must hold the pipeline and the epilogue's vectors");
 
@@ -308,7 +308,6 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   long long* a_row = reinterpret_cast<long long*>(w_smem + STAGES * W_STAGE);
   unsigned long long* full = reinterpret_cast<unsigned long long*>(a_row + BM);
   unsigned long long* empty = full + STAGES;
-  float* epilogue_vectors = reinterpret_cast<float*>(empty + STAGES);
 
   const Position at = grouped_position<Spec::kGroupRows>(COL_TILES);
   const ScheduledTile scheduled = scheduled_tile(args, at.tile);
@@ -361,26 +360,6 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     // NOTES: prefetching the weight lines of k-tile kt + STAGES into L2 here (prefetch.global.L2,
     // one per row) was measured on the H200 and made every prefill point slower (Mixtral T=4096
     // 5.37 -> 6.73 ms, bench/RESULTS.md).
-    // The epilogue's vectors first: this thread's arrival on stage 0's "full" below waits for
-    // these copies too, so every consumer has them once it has seen stage 0. (Read with __ldg in the
-    // epilogue, they were a chain of L2 and HBM misses after the main loop: int8's GEMMs ran 1.3x
-    // to 2.7x fp8_tensor's time on the same tiles, bench/RESULTS.md session 15.)
-    if constexpr (EPILOGUE_FLOATS > 0) {
-      for (int i = threadIdx.x - 128 * CONSUMERS; i < EPILOGUE_FLOATS; i += 128) {
-        const float* src = nullptr;
-        long long column;
-        if (i < SMOOTH_AT) {  // a weight row's channel scale or bias
-          const int row = i < BIAS_AT ? i - CHANNEL_AT : i - BIAS_AT, half = row / BN;
-          column = n0 + row % BN;
-          const float* base = i < BIAS_AT ? args.w_scale : args.bias;
-          if (base != nullptr && column < N) src = base + (expert * HALVES + half) * N + column;
-        } else {  // an output column's act_smooth
-          column = n0 + (i - SMOOTH_AT);
-          if (column < N) src = args.act_smooth + expert * N + column;
-        }
-        copy_4_async(shared_address(epilogue_vectors + i), src != nullptr ? src : args.w, src != nullptr);
-      }
-    }
     const SourceRows<T, BM, 128, K> a_rows(static_cast<const T*>(args.a), a_row, threadIdx.x - 128 * CONSUMERS);
     int slot = 0, round = 0;  // kt % STAGES, kt / STAGES
     for (int kt = 0; kt < K_TILES; ++kt) {
@@ -401,6 +380,35 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   // generic proxy; the TMA's weights are in the async proxy already.)
   if constexpr (SHIFT_REGISTERS) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
   if (warpgroup >= consumers) return;
+  // The epilogue's vectors, copied by this warpgroup while the main loop runs and waited for after
+  // it (sync_warpgroup below). (Read with __ldg per element in the epilogue, they were a chain of
+  // L2 and HBM misses after the main loop: int8's GEMMs ran 1.3x to 2.7x fp8_tensor's time on the
+  // same tiles, bench/RESULTS.md session 15.)
+  float* epilogue_vectors = reinterpret_cast<float*>(empty + STAGES) + warpgroup * EPILOGUE_FLOATS;
+  auto sync_warpgroup = [&] {  // this warpgroup's 128 threads (barrier ids are constants)
+    switch (warpgroup) {
+      case 0: named_barrier_sync<2>(128); break;
+      case 1: named_barrier_sync<3>(128); break;
+      default: named_barrier_sync<4>(128); break;
+    }
+  };
+  if constexpr (EPILOGUE_FLOATS > 0) {
+    for (int i = threadIdx.x % 128; i < EPILOGUE_FLOATS; i += 128) {
+      const float* src = nullptr;
+      long long column;
+      if (i < SMOOTH_AT) {  // a weight row's channel scale or bias
+        const int row = i < BIAS_AT ? i - CHANNEL_AT : i - BIAS_AT, half = row / BN;
+        column = n0 + row % BN;
+        const float* base = i < BIAS_AT ? args.w_scale : args.bias;
+        if (base != nullptr && column < N) src = base + (expert * HALVES + half) * N + column;
+      } else {  // an output column's act_smooth
+        column = n0 + (i - SMOOTH_AT);
+        if (column < N) src = args.act_smooth + expert * N + column;
+      }
+      copy_4_async(shared_address(epilogue_vectors + i), src != nullptr ? src : args.w, src != nullptr);
+    }
+    commit_async();
+  }
   // Thread (warp w of its warpgroup, lane l) holds rows 16 w + l / 4 and 8 more, columns
   // 8 j + 2 (l % 4) and the next, of every 8-column group j: acc[4 j + 2 h + {0, 1}] for row half h.
   // Gated: group j < BN / 8 is the gate of output columns 8 j.., group j + BN / 8 their up rows.
@@ -505,6 +513,10 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
   }
   wait<0>();
   fence_accumulators(acc);
+  if constexpr (EPILOGUE_FLOATS > 0) {
+    wait_async<0>();  // this thread's vector copies have landed
+    sync_warpgroup();  // and so have the warpgroup's
+  }
 
   // Epilogue.
   Out* out = static_cast<Out*>(args.out);
@@ -582,11 +594,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
     // stores below (belt and braces: once per tile).
     fence_shared_for_async();
     stage_values(stage + row_base * PITCH + (lane % 4) * 2, PITCH);
-    switch (warpgroup) {  // this warpgroup's 64 rows are staged (barrier ids are constants)
-      case 0: named_barrier_sync<2>(128); break;
-      case 1: named_barrier_sync<3>(128); break;
-      default: named_barrier_sync<4>(128); break;
-    }
+    sync_warpgroup();  // this warpgroup's 64 rows are staged
     // The warpgroup's 64 x CHUNKS chunks in row order: consecutive threads, consecutive chunks.
 #pragma unroll 4
     for (int i = threadIdx.x % 128; i < 64 * CHUNKS; i += 128) {

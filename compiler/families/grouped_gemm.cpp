@@ -20,9 +20,9 @@ constexpr int kGemmGroupRows = 8;
 // Dynamic shared memory of a tensor-core GEMM (mma_gemm.cuh, wgmma_gemm.cuh): kStages stages of
 // the A and weight tiles (gated GEMM 1 holds 2 * BN weight rows; BK elements of 2 or 1 bytes),
 // then one 8-byte source row index per A row; wgmma also two 8-byte mbarriers per stage, its
-// epilogue's vectors (a float per weight row for int8's channel scales and for the expert bias,
-// one per output column for int8 GEMM 1's act_smooth) and 1024 bytes to align its tiles to the
-// swizzle period.
+// epilogue's vectors per consumer warpgroup (a float per weight row for int8's channel scales and
+// for the expert bias, one per output column for int8 GEMM 1's act_smooth) and 1024 bytes to align
+// its tiles to the swizzle period.
 int tensor_core_shared_bytes(const LayerSpec& c, bool gemm1, const TileShape& t) {
   const int weight_rows = (gemm1 && c.gated ? 2 : 1) * t.bn;
   const int pipeline = t.stages * (t.bm + weight_rows) * t.bk * operand_bytes(c) + t.bm * 8;
@@ -30,7 +30,7 @@ int tensor_core_shared_bytes(const LayerSpec& c, bool gemm1, const TileShape& t)
   const bool int8 = c.quant == Quant::W8A8Int8;
   const int epilogue_floats =
       (int8 ? weight_rows : 0) + (c.expert_bias ? weight_rows : 0) + (int8 && gemm1 ? t.bn : 0);
-  return pipeline + t.stages * 16 + epilogue_floats * 4 + 1024;
+  return pipeline + t.stages * 16 + t.bm / 64 * epilogue_floats * 4 + 1024;
 }
 
 // The scaling the GEMM applies to its 8-bit operands (common.cuh's ScalingKind).
