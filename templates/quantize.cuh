@@ -33,6 +33,26 @@ namespace quantize_detail {
 
 constexpr int kMaxRowValues = 64;  // register-resident values per thread
 
+// Packs VEC (4 or 8) quantized bytes and stores them at q + chunk * VEC (aligned: rows of whole
+// 16-byte source chunks have byte rows of whole VEC-byte chunks).
+template <int VEC>
+__device__ __forceinline__ void store_bytes(signed char* q, long long chunk, const unsigned char (&b)[VEC]) {
+  static_assert(VEC == 4 || VEC == 8, "4 or 8 bytes");
+  unsigned lo = b[0] | b[1] << 8 | b[2] << 16 | static_cast<unsigned>(b[3]) << 24;
+  if constexpr (VEC == 4) {
+    reinterpret_cast<unsigned*>(q)[chunk] = lo;
+  } else {
+    const unsigned hi = b[4] | b[5] << 8 | b[6] << 16 | static_cast<unsigned>(b[7]) << 24;
+    reinterpret_cast<uint2*>(q)[chunk] = make_uint2(lo, hi);
+  }
+}
+
+__device__ __forceinline__ unsigned char int8_of(float x, float scale) {
+  // A zero row has scale 0: store zeros rather than 0/0.
+  const float r = scale > 0.0f ? rintf(x / scale) : 0.0f;
+  return static_cast<unsigned char>(static_cast<signed char>(fminf(fmaxf(r, -127.0f), 127.0f)));
+}
+
 // A row of COLS elements of Src in chunks of VEC elements (16 bytes where rows are whole 16-byte
 // chunks, else 1 element), CHUNKS_PER_THREAD a thread (chunk threadIdx.x + c * THREADS).
 template <typename Src, long long COLS, int THREADS>
@@ -58,27 +78,36 @@ struct RowChunks {
       }
     }
   }
-};
 
-// Packs VEC (4 or 8) quantized bytes and stores them at q + chunk * VEC (aligned: rows of whole
-// 16-byte source chunks have byte rows of whole VEC-byte chunks).
-template <int VEC>
-__device__ __forceinline__ void store_bytes(signed char* q, long long chunk, const unsigned char (&b)[VEC]) {
-  static_assert(VEC == 4 || VEC == 8, "4 or 8 bytes");
-  unsigned lo = b[0] | b[1] << 8 | b[2] << 16 | static_cast<unsigned>(b[3]) << 24;
-  if constexpr (VEC == 4) {
-    reinterpret_cast<unsigned*>(q)[chunk] = lo;
-  } else {
-    const unsigned hi = b[4] | b[5] << 8 | b[6] << 16 | static_cast<unsigned>(b[7]) << 24;
-    reinterpret_cast<uint2*>(q)[chunk] = make_uint2(lo, hi);
+  // Quantizes the row with one scale into q (whole VEC-byte chunks): adjust(chunk, i, x) is element
+  // i of a chunk as quantized (w8a8: times smooth), scale_of(amax) the row's scale (block-wide:
+  // every thread calls it), byte_of(x, s) the stored byte.
+  template <typename Adjust, typename ScaleOf, typename ByteOf>
+  __device__ static void quantize(const Src* row, signed char* q, Adjust adjust, ScaleOf scale_of, ByteOf byte_of) {
+    float v[CHUNKS_PER_THREAD][VEC];
+    load(row, v);
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS_PER_THREAD; ++c) {
+      const long long chunk = threadIdx.x + static_cast<long long>(c) * THREADS;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        if (chunk < CHUNKS) v[c][i] = adjust(chunk, i, v[c][i]);
+        amax = fmaxf(amax, fabsf(v[c][i]));
+      }
+    }
+    const float s = scale_of(amax);
+#pragma unroll
+    for (int c = 0; c < CHUNKS_PER_THREAD; ++c) {
+      const long long chunk = threadIdx.x + static_cast<long long>(c) * THREADS;
+      if (chunk >= CHUNKS) continue;
+      unsigned char b[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = byte_of(v[c][i], s);
+      store_bytes<VEC>(q, chunk, b);
+    }
   }
-}
-
-__device__ __forceinline__ unsigned char int8_of(float x, float scale) {
-  // A zero row has scale 0: store zeros rather than 0/0.
-  const float r = scale > 0.0f ? rintf(x / scale) : 0.0f;
-  return static_cast<unsigned char>(static_cast<signed char>(fminf(fmaxf(r, -127.0f), 127.0f)));
-}
+};
 
 }  // namespace quantize_detail
 
@@ -115,30 +144,11 @@ __device__ void quantize_rows(const QuantizeArgs& args) {
   };
 
   if constexpr (Row::kInRegisters) {
-    constexpr int VEC = Row::VEC;
-    float v[Row::CHUNKS_PER_THREAD][VEC];
-    Row::load(row, v);
-    float amax = 0.0f;
-#pragma unroll
-    for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c) {
-      const long long chunk = threadIdx.x + static_cast<long long>(c) * Spec::kThreads;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        // smooth is read per element: it is only 4-byte aligned (a caller's tensor); L2-resident.
-        if (smooth != nullptr && chunk < Row::CHUNKS) v[c][i] *= __ldg(smooth + chunk * VEC + i);
-        amax = fmaxf(amax, fabsf(v[c][i]));
-      }
-    }
-    const float scale = publish_scale(amax);
-#pragma unroll
-    for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c) {
-      const long long chunk = threadIdx.x + static_cast<long long>(c) * Spec::kThreads;
-      if (chunk >= Row::CHUNKS) continue;
-      unsigned char b[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) b[i] = int8_of(v[c][i], scale);
-      store_bytes<VEC>(q, chunk, b);
-    }
+    // smooth is read per element: it is only 4-byte aligned (a caller's tensor); L2-resident.
+    Row::quantize(
+        row, q,
+        [&](long long chunk, int i, float x) { return smooth != nullptr ? x * __ldg(smooth + chunk * Row::VEC + i) : x; },
+        publish_scale, [](float x, float scale) { return int8_of(x, scale); });
   } else {
     auto value = [&](long long c) {
       const float x = to_float(row[c]);
@@ -206,24 +216,9 @@ __device__ void quantize_fp8_rows(const QuantizeArgs& args) {
       return row_scale;
     };
     if constexpr (Row::kInRegisters) {
-      constexpr int VEC = Row::VEC;
-      float v[Row::CHUNKS_PER_THREAD][VEC];
-      Row::load(row, v);
-      float amax = 0.0f;
-#pragma unroll
-      for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
-      const float s = publish_scale(amax);
-#pragma unroll
-      for (int c = 0; c < Row::CHUNKS_PER_THREAD; ++c) {
-        const long long chunk = threadIdx.x + static_cast<long long>(c) * Spec::kThreads;
-        if (chunk >= Row::CHUNKS) continue;
-        unsigned char b[VEC];
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) b[i] = to_e4m3(v[c][i] / s).bits;
-        store_bytes<VEC>(reinterpret_cast<signed char*>(q), chunk, b);
-      }
+      Row::quantize(
+          row, reinterpret_cast<signed char*>(q), [](long long, int, float x) { return x; }, publish_scale,
+          [](float x, float s) { return to_e4m3(x / s).bits; });
     } else {
       float amax = 0.0f;
       for (long long c = threadIdx.x; c < COLS; c += Spec::kThreads) amax = fmaxf(amax, fabsf(to_float(row[c])));
