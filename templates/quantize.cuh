@@ -191,7 +191,7 @@ __device__ void quantize_fp8_rows(const QuantizeArgs& args) {
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-      const float s = fmaxf(amax, 1e-10f) / kE4m3Max;
+      const float s = e4m3_scale(amax);
       if (lane == 0) scale[g] = s;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -209,7 +209,7 @@ __device__ void quantize_fp8_rows(const QuantizeArgs& args) {
     auto publish_scale = [&](float amax) {
       amax = Reduce(temp).Reduce(amax, ::cuda::maximum<>{});
       if (threadIdx.x == 0) {
-        row_scale = fmaxf(amax, 1e-10f) / kE4m3Max;
+        row_scale = e4m3_scale(amax);
         scale[0] = row_scale;
       }
       __syncthreads();

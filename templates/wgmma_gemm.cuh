@@ -627,7 +627,7 @@ __device__ void grouped_gemm_wgmma(const GemmArgs& args) {
           }
           amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // every lane: rows differ per quad
           amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-          const float s = fmaxf(amax, 1e-10f) / kE4m3Max;
+          const float s = e4m3_scale(amax);
           const int r = row_base + h * 8;
           // (A non-gated tile of 256 columns may reach past N by a whole group: N % BN need not be 0.)
           if (r < rows && lane % 4 == 0 && n0 + g * 128 < N) args.out_scale[(row0 + r) * SCALE_GROUPS + n0 / 128 + g] = s;

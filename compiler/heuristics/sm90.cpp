@@ -79,7 +79,9 @@ void sm90_tiles(const LayerSpec& c, int bm, bool wide, TokenBucket& b) {
 // against 128 weight rows, DeepSeek-V3 T = 4096 / 16384 6.05 -> 5.22 / 18.47 -> 15.77 ms (732
 // TFLOP/s), Qwen3-30B-A3B 0.698 -> 0.589 / 2.509 -> 2.015, Mixtral 4.41 -> 3.72 / 16.97 -> 15.07;
 // 192 rows (two passes of 96) were 1-5% slower than 128. Decode and mid (64-row tiles) keep 128
-// rows: 256 there is not measured yet (branch exp/fp8-block-decode-256).
+// rows: 256 there (branch exp/fp8-block-decode-256, session 15, two rounds) was slower at every
+// point, Qwen3-30B-A3B T = 1 0.029 -> 0.052 ms and T = 64 +40%, despite the re-quantization launch
+// it saves: half the column tiles stream the weights.
 void sm90_8bit_tiles(const LayerSpec& c, int bm, TokenBucket& b) {
   bm = std::max(bm, 64);
   auto tile = [&](bool gemm1) {
