@@ -3,6 +3,8 @@
 # the performance benchmark. Everything it reports lands in $OUT (or ./device-out).
 #   BUILD_DIR      build folder (default /tmp/moejit-build)
 #   GPU_TESTS=0    skip the GPU tier; GTEST_FILTER narrows it (passed through)
+#   GPU_TEST_JOBS  test processes at once on the GPU (default 4; scripts/gpu-test.sh says how): the
+#                  whole tier in one process no longer fits one 600 s call
 #   BENCH_ARGS     arguments of bench/moe_bench.py (default: the quick run of two presets)
 #   BENCH=0        skip the benchmark
 #   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh (SWEEP_FILE: its list)
@@ -39,7 +41,7 @@ mkdir -p python/moejit/lib && cp "$build/backends/torch/libmoejit_torch.so" pyth
 status=0
 if [ "${GPU_TESTS:-1}" != "0" ]; then
   stamp "GPU tier"
-  GPU_TEST_SANITIZERS="${GPU_TEST_SANITIZERS:-0}" BUILD_DIR="$build" OUT="$out" bash scripts/gpu-test.sh | tail -25 || status=1
+  GPU_TEST_JOBS="${GPU_TEST_JOBS:-4}" GPU_TEST_SANITIZERS="${GPU_TEST_SANITIZERS:-0}" BUILD_DIR="$build" OUT="$out" bash scripts/gpu-test.sh | tail -25 || status=1
 fi
 for preset in ${AUTOTUNE:-}; do
   stamp "autotune $preset"

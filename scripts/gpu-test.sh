@@ -9,6 +9,14 @@
 #   GTEST_FILTER, GTEST_TOTAL_SHARDS + GTEST_SHARD_INDEX
 #                           passed through to gpu.all (gtest reads them), to split a run that would
 #                           not fit one time limit, e.g. GTEST_FILTER='Draw/*' or 3 shards
+#   GPU_TEST_JOBS=N         N test processes at once on the one GPU: gpu.all as N gtest shards, each
+#                           sanitizer as one process per Sanitize test, N at a time (the binary
+#                           directly, with ctest's environment; the processes' XML merged into one
+#                           report). The tests assert results, never times, so sharing the GPU changes
+#                           nothing they check. On the H200 (2026-12-03) the whole tier took ~190 s
+#                           as 4 shards but did not finish in 400 s as one process, and racecheck over
+#                           the 16 Sanitize tests 24 s at once but did not finish in 290 s as one.
+#   GPU_TEST_TIMEOUT        seconds each of those processes may run (default 1800, ctest's limit)
 # Not -e: every step runs and reports even after a failure; the exit status says if any failed.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -66,17 +74,84 @@ run_one() {  # test name, xml file [extra env assignments]
   return 0
 }
 
-run_one gpu.all gpu-tests.xml
+# GPU_TEST_JOBS > 1: test processes side by side on the one GPU, each with its own log and XML in a
+# scratch folder; only the merged report and the failures' output reach $OUT (a device call returns
+# only a few files of it).
+jobs="${GPU_TEST_JOBS:-1}"
+binary="$build/tests/gpu/moejit_gpu_tests"
+scratch=""
+run_process() {  # scratch folder, label, command...: one process under the time limit
+  local dir="$1" label="$2"
+  shift 2
+  timeout "${GPU_TEST_TIMEOUT:-1800}" env GTEST_OUTPUT="xml:$dir/$label.xml" "$@" >"$dir/$label.log" 2>&1
+  echo "$label $?"
+}
+export -f run_process
+# Not at the end of a pipeline (a subshell there would lose `status`): stdin through a redirection.
+run_parallel() {  # report name, xml file; stdin: one process a line, "label command..."
+  local name="$1" xml="$report_dir/$2" dir="$scratch/$1" started
+  started=$(date +%s)
+  mkdir -p "$dir"
+  say "== $name: $jobs processes at once (time limit ${GPU_TEST_TIMEOUT:-1800} s each)"
+  xargs -P "$jobs" -L 1 bash -c 'run_process "$@"' _ "$dir" >"$dir/exits.txt"
+  while read -r label rc; do
+    # A process passed when it exited 0 and gtest printed its verdict (not killed on the way).
+    if [ "$rc" != "0" ] || ! grep -q "^\[  PASSED  \]" "$dir/$label.log"; then
+      status=1
+      say "-- $label: exit status $rc (124: stopped at the time limit); its failures and reports:"
+      grep -B2 -A14 "Failure$\|^\[  FAILED  \]\|^========= [A-Z]" "$dir/$label.log" | head -80 | tee -a "$log"
+    fi
+  done <"$dir/exits.txt"
+  python3 - "$xml" "$dir"/*.xml <<'PY' || say "$name: no per-process XML report to merge"
+import sys, xml.etree.ElementTree as ET
+if len(sys.argv) < 3 or sys.argv[2].endswith("*.xml"):
+    sys.exit(1)
+merged = ET.Element("testsuites", name="AllTests")
+totals = dict(tests=0, failures=0, disabled=0, errors=0)
+for path in sys.argv[2:]:
+    root = ET.parse(path).getroot()
+    for key in totals:
+        totals[key] += int(root.get(key, 0))
+    merged.extend(root.findall("testsuite"))
+for key, value in totals.items():
+    merged.set(key, str(value))
+ET.ElementTree(merged).write(sys.argv[1])
+PY
+  local totals=""
+  [ -f "$xml" ] && totals="$(grep -m1 -o '<testsuites [^>]*' "$xml" | grep -o '\(tests\|failures\|disabled\|errors\)="[0-9]*"' | tr '\n' ' ')"
+  say "$name: gtest totals over $(wc -l <"$dir/exits.txt") processes: ${totals:-none} ($(( $(date +%s) - started )) s; xml: $xml)"
+}
+
+if [ "$jobs" -gt 1 ]; then
+  scratch="$(mktemp -d)"
+  # What ctest's gpu.all sets (tests/gpu/CMakeLists.txt).
+  export MOEJIT_CACHE_DIR="$build/test-cache"
+  run_parallel gpu.all gpu-tests.xml < <(
+    for ((i = 0; i < jobs; i++)); do
+      echo "shard-$i env GTEST_TOTAL_SHARDS=$jobs GTEST_SHARD_INDEX=$i $binary"
+    done)
+else
+  run_one gpu.all gpu-tests.xml
+fi
 if [ "${GPU_TEST_SANITIZERS:-1}" != "0" ]; then
   for tool in memcheck racecheck; do
-    if ctest --test-dir "$build" -N -R "^gpu\\.$tool\$" | grep -q "Total Tests: 1"; then
-      # The sanitizers run their own three tests whatever shard of gpu.all was asked for.
-      run_one "gpu.$tool" "gpu-$tool.xml" -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX
-    else
+    if ! ctest --test-dir "$build" -N -R "^gpu\\.$tool\$" | grep -q "Total Tests: 1"; then
       say "gpu.$tool: not registered (compute-sanitizer was not found at configure time)"
+    elif [ "$jobs" -gt 1 ]; then
+      # The sanitizer ctest runs, one process per Sanitize test (the tests ctest's command names).
+      sanitizer="$(ctest --test-dir "$build" -N -V -R "^gpu\\.$tool\$" | sed -n 's/^[0-9]*: Test command: \([^ ]*\) .*/\1/p' | head -1)"
+      run_parallel "gpu.$tool" "gpu-$tool.xml" < <(
+        env -u GTEST_FILTER "$binary" --gtest_list_tests --gtest_filter='Sanitize.*' | awk '/^  / {print $1}' |
+          while read -r test; do
+            echo "$test env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u GTEST_FILTER MOEJIT_GPU_TEST_PREFETCH=0 $sanitizer --tool $tool --error-exitcode 1 $binary --gtest_filter=Sanitize.$test"
+          done)
+    else
+      # The sanitizers run their own tests whatever shard of gpu.all was asked for.
+      run_one "gpu.$tool" "gpu-$tool.xml" -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX
     fi
   done
 fi
+[ -n "$scratch" ] && rm -rf "$scratch"
 
 # Pass/fail per test case across the reports: gtest writes <failure> inside failed <testcase>s.
 say "== summary"
