@@ -86,11 +86,11 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
   std::vector<double> bias;
   if (c.topk_method == TopkMethod::NoauxTc) bias = uniform(E, 0.1, rng);
   reference::Weights w;
-  w.w13 = uniform(c.local_experts() * N1 * H, 1.0 / std::sqrt(double(H)), rng);
-  w.w2 = uniform(c.local_experts() * H * I, 1.0 / std::sqrt(double(I)), rng);
+  w.w13 = uniform(c.gemm_experts() * N1 * H, 1.0 / std::sqrt(double(H)), rng);
+  w.w2 = uniform(c.gemm_experts() * H * I, 1.0 / std::sqrt(double(I)), rng);
   if (c.expert_bias) {  // gpt-oss
-    w.w13_bias = uniform(c.local_experts() * N1, 1.0, rng);
-    w.w2_bias = uniform(c.local_experts() * H, 1.0, rng);
+    w.w13_bias = uniform(c.gemm_experts() * N1, 1.0, rng);
+    w.w2_bias = uniform(c.gemm_experts() * H, 1.0, rng);
   }
 
   DeviceBuffer d_hidden(to_device_bytes(hidden, c.dtype));

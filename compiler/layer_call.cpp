@@ -40,7 +40,7 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
   CallPlan call;
   call.entry = entry;
   call.tokens = tokens;
-  call.pairs = tokens * c.topk;
+  call.pairs = tokens * c.pair_slots();  // the fused shared experts' slots too
   auto add = [&](KernelRole role, int kernel) {
     if (kernel < 0 || call.count == kMaxCallSteps)
       throw Error(fmt::format("moejit internal error: no {} kernel in the plan, or too many launches",

@@ -168,6 +168,9 @@ const std::vector<Field>& fields() {
       Field{"tp_rank", true, [](const MoeConfig& c) { return fmt::format("{}", c.tp_rank); },
             [](MoeConfig& c, std::string_view v) { c.tp_rank = parse_int32("tp_rank", v); }},
       MOEJIT_INT_FIELD(n_shared_experts, parse_int32),
+      Field{"fuse_shared_experts", false,
+            [](const MoeConfig& c) { return std::string(c.fuse_shared_experts ? "true" : "false"); },
+            [](MoeConfig& c, std::string_view v) { c.fuse_shared_experts = parse_bool("fuse_shared_experts", v); }},
       MOEJIT_ENUM_FIELD(weight_layout, kLayout, parse_enum(kLayout, "weight_layout", v)),
   };
   return table;
@@ -294,6 +297,19 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
   }
   check(c.n_shared_experts >= 0,
         fmt::format("n_shared_experts: {} is out of range; allowed >= 0", c.n_shared_experts));
+  if (c.fuse_shared_experts) {
+    check(c.n_shared_experts >= 1,
+          "fuse_shared_experts: true needs shared experts to compute, but n_shared_experts is 0; allowed: "
+          "n_shared_experts >= 1, or fuse_shared_experts false");
+    check(c.n_shared_experts < 0 || c.topk + c.n_shared_experts <= kMaxTopk,
+          fmt::format("n_shared_experts: {} fused shared experts and topk {} give {} slots per token; allowed at most {}",
+                      c.n_shared_experts, c.topk, c.topk + c.n_shared_experts, kMaxTopk));
+    check(c.ep_size < 1 || c.experts % c.ep_size != 0 || c.n_shared_experts < 0 ||
+              c.experts / c.ep_size + c.n_shared_experts <= kMaxExperts,
+          fmt::format("n_shared_experts: {} fused shared experts beside {} local experts give more than {} experts to "
+                      "the grouped GEMMs",
+                      c.n_shared_experts, c.ep_size >= 1 ? c.experts / c.ep_size : c.experts, kMaxExperts));
+  }
   check(!(c.activation == Activation::SwigluOai && !c.gated),
         "activation: swigluoai is a gated activation (gate and up rows); it needs gated true");
   check(std::isfinite(c.swiglu_limit) && c.swiglu_limit > 0,
@@ -309,11 +325,12 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
 }
 
 QuantTensorShapes quant_tensor_shapes(const LayerSpec& c) {
-  const int64_t e_loc = c.local_experts(), n1 = c.gemm1_rows(), h = c.hidden, i = c.local_intermediate();
+  // The fused shared experts' tensors follow the routed experts' (local E_loc + s, global E + s).
+  const int64_t e_loc = c.gemm_experts(), n1 = c.gemm1_rows(), h = c.hidden, i = c.local_intermediate();
   auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
   switch (c.quant) {
     case Quant::None: return {};
-    case Quant::W8A8Int8: return {{e_loc, n1}, {e_loc, h}, {c.experts, h}, {e_loc, i}};
+    case Quant::W8A8Int8: return {{e_loc, n1}, {e_loc, h}, {c.experts + c.shared_slots(), h}, {e_loc, i}};
     case Quant::Fp8Block: return {{e_loc, blocks(n1), blocks(h)}, {e_loc, blocks(h), blocks(i)}, {}, {}};
     case Quant::Fp8Tensor: return {{e_loc}, {e_loc}, {}, {}};
   }

@@ -67,10 +67,22 @@ struct LayerSpec {
   Quant quant = Quant::None;
   int ep_size = 1;
   int tp_size = 1;
-  int n_shared_experts = 0;      // informational: the caller adds them through `residual`
+  int n_shared_experts = 0;      // the model's shared experts: the caller adds them through
+                                 // `residual`, or, with fuse_shared_experts, the layer computes them
+  bool fuse_shared_experts = false;  // the layer computes the shared experts in its grouped GEMMs
+                                 // (SPEC.md "Shared experts"): n_shared_experts more slots per
+                                 // token (weight 1), their weights after the routed experts' in
+                                 // w13/w2; computed on expert-parallel rank 0
   WeightLayout weight_layout = WeightLayout::NK;
 
   int local_experts() const { return experts / ep_size; }                 // E_loc
+  // S: the shared-expert slots a token has in this layer's pairs (0 unless fused).
+  int shared_slots() const { return fuse_shared_experts ? n_shared_experts : 0; }
+  // K' = K + S: the pairs of one token, f = t * K' + j; slots j >= K are the shared experts.
+  int pair_slots() const { return topk + shared_slots(); }
+  // E_loc + S: the experts the grouped GEMMs see (the leading dim of w13, w2 and their per-expert
+  // tensors): local experts 0..E_loc-1 routed, E_loc..E_loc+S-1 shared.
+  int gemm_experts() const { return local_experts() + shared_slots(); }
   int64_t local_intermediate() const { return moe_intermediate / tp_size; }  // I of this rank
   int64_t gemm1_rows() const { return gated ? 2 * local_intermediate() : local_intermediate(); }
 
@@ -78,7 +90,8 @@ struct LayerSpec {
 };
 
 // The scale and smoothing tensors of a quantized layer (SPEC.md "Quantized experts"), fp32, as
-// shapes (N1 = gemm1_rows()); an empty shape: the layer takes no such tensor.
+// shapes (N1 = gemm1_rows(); E_loc and E here count the fused shared experts too: E_loc + S, E + S);
+// an empty shape: the layer takes no such tensor.
 //   w8a8_int8   w13_scale [E_loc, N1], w2_scale [E_loc, H] (per output channel),
 //               input_smooth [E, H], act_smooth [E_loc, I]
 //   fp8_block   w13_scale [E_loc, ceil(N1/128), ceil(H/128)], w2_scale [E_loc, ceil(H/128), ceil(I/128)]

@@ -80,8 +80,12 @@ Plan make_plan(const LayerSpec& spec, const std::string& arch, const std::vector
 
 std::string describe(const Plan& plan, const Placement& placement, int64_t max_tokens) {
   const LayerSpec& c = plan.spec;
-  std::string out = fmt::format("plan for arch {}: E={} K={} E_loc={} (first local expert {}) H={} I={} {}{}\n",
+  std::string out = fmt::format("plan for arch {}: E={} K={} E_loc={} (first local expert {}){} H={} I={} {}{}\n",
                                 plan.arch, c.experts, c.topk, c.local_experts(), first_local_expert(c, placement),
+                                c.shared_slots() > 0
+                                    ? fmt::format(" S={} fused shared experts (local experts {}..{}, on ep_rank 0)",
+                                                  c.shared_slots(), c.local_experts(), c.gemm_experts() - 1)
+                                    : "",
                                 c.hidden, c.local_intermediate(), spec_text::data_tag(c),
                                 c.tp_size > 1 ? fmt::format(" (tp {}/{})", placement.tp_rank, c.tp_size) : "");
   out += "token buckets:\n";

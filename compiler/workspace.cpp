@@ -18,8 +18,10 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 // The one list of workspace buffers: calls add(name, bytes, what, member) in layout order.
 template <typename Add>
 void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
-  const int64_t pairs = tokens * c.topk;
-  const int64_t e_loc = c.local_experts();
+  const int64_t routed_pairs = tokens * c.topk;
+  // Pairs and experts past routing include the fused shared experts (K' slots a token, E_loc + S).
+  const int64_t pairs = tokens * c.pair_slots();
+  const int64_t e_loc = c.gemm_experts();
   const int64_t inter = c.local_intermediate();
   const int64_t elem = dtype_bytes(c.dtype);
   // Sized for the shortest row tile any plan may use (16, also with MOEJIT_TILES), so the layout
@@ -27,8 +29,8 @@ void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
   const int64_t tiles = max_row_tiles(c, tokens, kMinRowTile);
   const int64_t index_blocks = (pairs + kPairsPerIndexBlock - 1) / kPairsPerIndexBlock;
   using W = WorkspaceOffsets;
-  add("topk_weights", pairs * 4, "[T, K] fp32", &W::topk_weights);
-  add("topk_ids", pairs * 4, "[T, K] int32", &W::topk_ids);
+  add("topk_weights", routed_pairs * 4, "[T, K] fp32", &W::topk_weights);
+  add("topk_ids", routed_pairs * 4, "[T, K] int32", &W::topk_ids);
   add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K/1024), E_loc] int32", &W::block_counts);
   add("expert_counts", e_loc * 4, "[E_loc] int32", &W::expert_counts);
   add("expert_offsets", (e_loc + 1) * 4, "[E_loc + 1] int32", &W::expert_offsets);
@@ -76,12 +78,14 @@ WorkspaceOffsets workspace_offsets(const LayerSpec& c, int64_t tokens) {
   return offsets;
 }
 
-int64_t max_layer_tokens(const LayerSpec& c) { return ((int64_t{1} << 31) - 1) / std::max(c.topk, 1); }
+int64_t max_layer_tokens(const LayerSpec& c) { return ((int64_t{1} << 31) - 1) / std::max(c.pair_slots(), 1); }
 
 void check_token_count(const LayerSpec& c, int64_t tokens, const char* field) {
   if (tokens < 0 || tokens > max_layer_tokens(c))
-    throw InvalidInput(fmt::format("{}: {} is out of range; allowed 0..{} (tokens x topk {} below 2^31)", field, tokens,
-                                   max_layer_tokens(c), c.topk));
+    throw InvalidInput(fmt::format(
+        "{}: {} is out of range; allowed 0..{} (tokens x {} below 2^31)", field, tokens, max_layer_tokens(c),
+        c.shared_slots() > 0 ? fmt::format("{} pairs a token (topk and the fused shared experts)", c.pair_slots())
+                             : fmt::format("topk {}", c.topk)));
 }
 
 WorkspaceLayout plan_workspace(const LayerSpec& c, int64_t max_tokens) {

@@ -142,7 +142,7 @@ TuneReport autotune(const MoeConfig& config, int device) {
 
   // One set of buffers, sized for the largest tuned token count, serves every candidate.
   const int64_t elem = dtype_bytes(config.dtype);
-  const int64_t e_loc = config.local_experts(), inter = config.local_intermediate();
+  const int64_t e_loc = config.gemm_experts(), inter = config.local_intermediate();  // with fused shared experts
   const int64_t w13_rows = (config.gated ? 2 : 1) * inter;
   // Zero expert biases (expert_bias), one buffer for both GEMMs' [E_loc, N1] and [E_loc, H].
   const int64_t expert_bias_bytes = config.expert_bias ? e_loc * std::max(w13_rows, config.hidden) * 4 : 4;

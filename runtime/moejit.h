@@ -21,6 +21,8 @@ typedef struct moejit_layer moejit_layer;
  * [E_loc, ceil(H/128), ceil(I/128)]), fp8_tensor one per matrix ([E_loc], [E_loc]).
  * input_smooth [E, H], act_smooth [E_loc, I] (fp32): w8a8_int8 only.
  * w13_bias [E_loc, N1], w2_bias [E_loc, H] (fp32): layers with expert_bias (gpt-oss) only.
+ * With fuse_shared_experts, E_loc above is E_loc + n_shared_experts (the shared experts after the
+ * routed ones) and E in input_smooth is E + n_shared_experts.
  * Zero-initialize the struct (moejit_inputs in = {0};) so that entries added later stay NULL. */
 typedef struct moejit_inputs {
   const void* hidden;

@@ -16,8 +16,8 @@ struct RouteArgs {
 
 // Stage 2: counting sort of the T*K (token, slot) pairs by local expert.
 struct IndexArgs {
-  const int* topk_ids;       // [T*K] flat
-  long long pairs;           // M = T*K
+  const int* topk_ids;       // [T*K] flat (the routed slots; shared slots are implied)
+  long long pairs;           // M = T*K' (K' = K + fused shared experts)
   int expert_begin;          // s = ep_rank * E_loc: the first local expert (run-time, so every
                              // rank of an expert-parallel group shares one binary)
   int tile_rows;             // rows per GEMM tile (BM of the token bucket in use)
@@ -29,6 +29,8 @@ struct IndexArgs {
   int* tile_expert;          // [max_tiles] local expert of each GEMM row tile
   int* tile_row;             // [max_tiles] first sorted position of each tile
   int* num_tiles;            // [1]
+  int shared_local;          // 1 where this rank computes the fused shared experts (ep_rank 0):
+                             // their pairs are local experts E_loc.. here, not local elsewhere
 };
 
 // Stages 1 and 2 in one single-block launch (route_index.cuh): T*K <= kPairsPerBlock.
@@ -43,7 +45,8 @@ struct RouteIndexArgs {
 struct QuantizeArgs {
   const void* src;           // expand: hidden [T, H] (model dtype); requant: act [M, I] fp32
   const int* sorted_pair;    // [M]
-  const int* topk_ids;       // [T*K] (the global expert of each row)
+  const int* topk_ids;       // [T*K] (the global expert of each routed pair; a shared slot s is
+                             // global expert E + s)
   const int* expert_offsets; // [E_loc + 1] (rows beyond [E_loc] are not local)
   int expert_begin;
   const float* smooth;       // w8a8 expand: input_smooth [E, H]; otherwise null
@@ -86,8 +89,8 @@ struct GemmArgs {
 // Stage 6: weighted top-k sum in a fixed order.
 struct CombineArgs {
   const void* y;             // [M, H], GEMM 2 output in expert-sorted order
-  const float* topk_weights; // [T, K]
-  const int* pair_pos;       // [T*K]
+  const float* topk_weights; // [T, K] (a fused shared slot weighs 1)
+  const int* pair_pos;       // [T*K']
   const void* residual;      // [T, H] or null
   void* out;                 // [T, H]
   long long tokens;

@@ -1,12 +1,14 @@
-// Stage 6: out[t] = sum_j topk_weights[t, j] * Y[pair_pos[t*K + j]] (+ residual[t]), in fp32,
-// slots in order j = 0..K-1 and no atomics, so the result is bitwise reproducible; rounded once
+// Stage 6: out[t] = sum_j topk_weights[t, j] * Y[pair_pos[t*K' + j]] (+ residual[t]), in fp32,
+// slots in order j = 0..K'-1 (K' = K + kSharedSlots; a fused shared slot weighs 1) and no
+// atomics, so the result is bitwise reproducible; rounded once
 // to the output dtype. A pair whose expert is not local (pair_pos -1) contributes 0.
 //
 // Grid: (T, ceil(H / (kThreads * kVec))): a token's row is split over blocks so that even T = 1
 // spreads over several SMs; each thread handles kVec consecutive columns with 16-byte loads
 // when kVec * sizeof(element) == 16 (H a multiple of kVec).
 //
-// Spec: using Y, Out; kHidden, kTopk, kThreads, kVec (1, or 16 / sizeof(Y) when H allows).
+// Spec: using Y, Out; kHidden, kTopk, kSharedSlots, kThreads (>= K'), kVec (1, or 16 / sizeof(Y)
+// when H allows).
 #pragma once
 
 #include "moejit/common.cuh"
@@ -32,11 +34,14 @@ __device__ void combine_tokens(const CombineArgs& args) {
   // more launches back, which are complete once this kernel runs (common.cuh), so after the wait
   // only Y's loads stand between GEMM 2's end and the sum. Read through L2 (ld.global.cg): an L1
   // line left by an earlier layer call must not answer.
-  __shared__ float weight[K];
-  __shared__ long long row[K];
-  if (t < args.tokens && threadIdx.x < K) {
-    weight[threadIdx.x] = __ldcg(args.topk_weights + t * K + threadIdx.x);
-    row[threadIdx.x] = __ldcg(args.pair_pos + t * K + threadIdx.x);  // -1 marks a pair another rank computes
+  // Slots j >= K are the fused shared experts (kSharedSlots), weight 1, after the routed ones.
+  constexpr int SLOTS = K + Spec::kSharedSlots;
+  static_assert(SLOTS <= Spec::kThreads, "a thread per slot reads the token's slots");
+  __shared__ float weight[SLOTS];
+  __shared__ long long row[SLOTS];
+  if (t < args.tokens && threadIdx.x < SLOTS) {
+    weight[threadIdx.x] = threadIdx.x < K ? __ldcg(args.topk_weights + t * K + threadIdx.x) : 1.0f;
+    row[threadIdx.x] = __ldcg(args.pair_pos + t * SLOTS + threadIdx.x);  // -1 marks a pair another rank computes
   }
   wait_for_previous_kernel();
   allow_next_kernel_launch();
@@ -50,7 +55,7 @@ __device__ void combine_tokens(const CombineArgs& args) {
 #pragma unroll
   for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
+  for (int j = 0; j < SLOTS; ++j) {
     if (row[j] < 0) continue;
     const Vec<Y, VEC> in = *reinterpret_cast<const Vec<Y, VEC>*>(y + row[j] * H + h);
 #pragma unroll

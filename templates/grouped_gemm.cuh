@@ -12,7 +12,7 @@
 //   kN: output columns (I for GEMM 1, H for GEMM 2); kK: reduction length (H or I)
 //   kGated, kAct (ActivationKind), kSwigluLimit (swigluoai's clamp), kBias (expert biases), kGemm1
 //   kGather: A rows are hidden[sorted_pair[p] / kTopk] (GEMM 1 on unquantized input)
-//   kTopk
+//   kTopk: pairs per token (K, plus the fused shared experts)
 //   kLayoutNK: W is [E_loc, rows, kK] (else [E_loc, kK, rows]); rows = kGated ? 2*kN : kN
 //   kScaling (common.cuh's ScalingKind), kScaleCols, kScaleRows:
 //     kRowChannelScaling: int8 A and W (Acc int); dequantize with a_scale[p] * w_scale[e, n]; GEMM 1

@@ -23,19 +23,40 @@
 // E_loc = 128, far less than one more kernel in the chain costs; capping the scatter blocks keeps
 // those reads linear in T*K (at most kMaxIndexScatterBlocks tables; plan.h).
 //
-// Spec: kLocalExperts (<= 1024), kPairsPerBlock (a multiple of 32 * kIndexWarps), kIndexWarps (<= 8).
+// Spec: kLocalExperts (<= 1024: the experts the GEMMs see, kRoutedExperts + kSharedSlots),
+// kRoutedExperts (E_loc), kTopk, kSharedSlots (fused shared experts: moe_config.h pair_slots),
+// kPairsPerBlock (a multiple of 32 * kIndexWarps), kIndexWarps (<= 8).
 #pragma once
 
 #include "moejit/common.cuh"
 
 namespace moejit {
 
+// The local expert of a pair's shared slot j (0..kSharedSlots-1): E_loc + j on the rank that
+// computes the shared experts, -1 (not local) elsewhere.
+template <typename Spec>
+__device__ __forceinline__ int shared_local_expert(const IndexArgs& args, int j) {
+  return args.shared_local ? Spec::kRoutedExperts + j : -1;
+}
+
 // The local expert of flat pair f, or -1 when f is past the end or its expert is not local.
+// Pairs are f = t * (kTopk + kSharedSlots) + j: slots j < kTopk are topk_ids[t * kTopk + j] (the
+// routed experts), the others the fused shared experts (moe_config.h pair_slots).
 template <typename Spec>
 __device__ __forceinline__ int local_expert_of(const IndexArgs& args, long long f, long long end) {
   if (f >= end) return -1;
-  const int local = args.topk_ids[f] - args.expert_begin;
-  return (local >= 0 && local < Spec::kLocalExperts) ? local : -1;
+  int id;
+  if constexpr (Spec::kSharedSlots == 0) {
+    id = args.topk_ids[f];
+  } else {
+    constexpr int SLOTS = Spec::kTopk + Spec::kSharedSlots;
+    const long long t = f / SLOTS;
+    const int j = static_cast<int>(f - t * SLOTS);
+    if (j >= Spec::kTopk) return shared_local_expert<Spec>(args, j - Spec::kTopk);
+    id = args.topk_ids[t * Spec::kTopk + j];
+  }
+  const int local = id - args.expert_begin;
+  return (local >= 0 && local < Spec::kRoutedExperts) ? local : -1;
 }
 
 // THREADS threads (thread = their index) read the local experts of the pairs [begin, begin +

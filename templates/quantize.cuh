@@ -3,8 +3,10 @@
 // quantize_rows (w8a8 int8): stage 3 and the re-quantization between the GEMMs, per-row dynamic
 // quantization of smoothed activations: x = row * smooth, scale = max|x| / 127,
 // q = round-half-even(x / scale) clamped to [-127, 127]. One block per expert-sorted row.
-//   Spec: using Src; kCols; kThreads; kTopk; kLocalExperts;
-//   kGather: the row is hidden[sorted_pair[p] / kTopk] and smooth is input_smooth[global expert]
+//   Spec: using Src; kCols; kThreads; kTopk; kLocalExperts (the GEMMs' experts); kSharedSlots;
+//   kExperts (E);
+//   kGather: the row is hidden[sorted_pair[p] / (kTopk + kSharedSlots)] and smooth is
+//            input_smooth[global expert] (a fused shared slot s: expert E + s)
 //            (stage 3); otherwise the row is src[p] and smooth is null (act_smooth was applied in
 //            GEMM 1's epilogue).
 //
@@ -126,9 +128,14 @@ __device__ void quantize_rows(const QuantizeArgs& args) {
   const Src* row;
   const float* smooth = nullptr;
   if constexpr (Spec::kGather) {
+    // Pairs f = t * K' + j (K' = kTopk + kSharedSlots); a shared slot's smoothing row is global
+    // expert E + (j - kTopk), after the routed experts' rows of input_smooth.
+    constexpr int SLOTS = Spec::kTopk + Spec::kSharedSlots;
     const int f = args.sorted_pair[p];
-    row = static_cast<const Src*>(args.src) + static_cast<long long>(f / Spec::kTopk) * Spec::kCols;
-    smooth = args.smooth + static_cast<long long>(args.topk_ids[f]) * Spec::kCols;
+    const int t = f / SLOTS, j = f - t * SLOTS;
+    row = static_cast<const Src*>(args.src) + static_cast<long long>(t) * Spec::kCols;
+    const int expert = j < Spec::kTopk ? args.topk_ids[t * Spec::kTopk + j] : Spec::kExperts + (j - Spec::kTopk);
+    smooth = args.smooth + static_cast<long long>(expert) * Spec::kCols;
   } else {
     row = static_cast<const Src*>(args.src) + p * Spec::kCols;
   }

@@ -27,12 +27,19 @@ __device__ void route_and_index(const RouteIndexArgs& args) {
   __shared__ int pair_expert[Spec::kPairsPerBlock];
   const int warp = threadIdx.x / 32;
   if (args.route) {
-    for (int f = threadIdx.x; f < Spec::kPairsPerBlock; f += blockDim.x) pair_expert[f] = -1;
-    __syncthreads();  // every entry is -1 before any routing warp records a pair
+    // Pairs f = token * SLOTS + slot; the fused shared slots (slot >= kTopk) are known before routing.
+    constexpr int SLOTS = Spec::kTopk + Spec::kSharedSlots;
+    for (int f = threadIdx.x; f < Spec::kPairsPerBlock; f += blockDim.x) {
+      const int slot = f % SLOTS;
+      pair_expert[f] = (Spec::kSharedSlots > 0 && slot >= Spec::kTopk && f < args.index.pairs)
+                           ? shared_local_expert<Spec>(args.index, slot - Spec::kTopk)
+                           : -1;
+    }
+    __syncthreads();  // every entry is set before any routing warp records a pair
     const int expert_begin = args.index.expert_begin;
-    const auto record = [&](long long pair, int expert) {
+    const auto record = [&](long long token, int slot, int expert) {
       const int local = expert - expert_begin;
-      pair_expert[pair] = (local >= 0 && local < Spec::kLocalExperts) ? local : -1;
+      pair_expert[token * SLOTS + slot] = (local >= 0 && local < Spec::kRoutedExperts) ? local : -1;
     };
     const int tokens = static_cast<int>(args.routing.tokens);  // <= kFusedRouteIndexMaxTokens
     for (int token = warp; token < tokens; token += Spec::kWarps) {

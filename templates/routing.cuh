@@ -123,11 +123,11 @@ __device__ __forceinline__ ScoredIndex warp_argmax(const float* scores, int n, i
 // What route_token does with each chosen expert besides writing topk_ids: nothing (the routing
 // kernel), or route_index.cuh's record of the pair's local expert in shared memory.
 struct NoRecord {
-  __device__ __forceinline__ void operator()(long long /*pair*/, int /*expert*/) const {}
+  __device__ __forceinline__ void operator()(long long /*token*/, int /*slot*/, int /*expert*/) const {}
 };
 
 // Routes one token with one warp; the warp's scratch rows are p, q ([E] each) and group_score ([G]).
-// Lane 0 also calls record(pair, expert) for the token's K pairs.
+// Lane 0 also calls record(token, slot, expert) for the token's K routed slots.
 template <typename Spec, typename Record = NoRecord>
 __device__ __forceinline__ void route_token(const RouteArgs& args, long long token, float* p, float* q, float* group_score,
                                             const Record& record = Record()) {
@@ -212,7 +212,7 @@ __device__ __forceinline__ void route_token(const RouteArgs& args, long long tok
       float w = renormalize ? weight[j] / weight_sum : weight[j];
       args.topk_weights[token * K + j] = w * Spec::kScale;
       args.topk_ids[token * K + j] = ids[j];
-      record(token * K + j, ids[j]);
+      record(token, j, ids[j]);
     }
   }
 }

@@ -55,6 +55,9 @@ std::string unsupported_capability(const MoeConfig& c) {
                        to_string(c.quant));
   if (c.expert_bias)
     return "expert_bias (gpt-oss's expert biases): ixformer's declared moe_w16a16_group_gemm has no bias input";
+  if (c.fuse_shared_experts)
+    return "fuse_shared_experts (the shared experts computed in the layer): not built for Iluvatar devices; pass "
+           "the shared experts' output as residual (fuse_shared_experts false)";
   if (c.ep_size > 1)
     return fmt::format(
         "expert parallel (ep_size {}): moejit does not pass expert ranges to moe_compute_token_index_api (whether "

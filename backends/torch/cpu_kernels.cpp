@@ -128,8 +128,17 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   // fp32 biases; GEMM 2's on tensor-parallel rank 0 only (the ranks' outputs are summed).
   const std::optional<at::Tensor> b13 = layer_float32(w13_bias);
   const std::optional<at::Tensor> b2 = c.tp_rank == 0 ? layer_float32(w2_bias) : std::nullopt;
-  const int64_t tokens = hidden.size(0), K = c.topk, H = c.hidden, I = c.local_intermediate();
-  const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
+  const int64_t tokens = hidden.size(0), H = c.hidden, I = c.local_intermediate();
+  at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
+  // The fused shared experts are slots K..K'-1 of every token, global experts E + s, weight 1
+  // (SPEC.md; moe_config.h pair_slots). A routed id outside [0, E) selects nothing, as on the GPU.
+  const int64_t K = c.pair_slots(), E = c.experts, S = c.shared_slots();
+  if (S > 0) {
+    const at::Tensor routed = ids.masked_fill(ids.ge(E).logical_or(ids.lt(0)), -1);
+    const at::Tensor shared = at::arange(E, E + S, ids.options()).unsqueeze(0).expand({tokens, S});
+    ids = at::cat({routed, shared}, 1);
+    weights = at::cat({weights, at::ones({tokens, S}, weights.options())}, 1);
+  }
   const at::ScalarType dtype = scalar_type(c.dtype);
   const bool w8a8 = c.quant == Quant::W8A8Int8, fp8 = is_fp8(c.quant);
   at::Tensor x = hidden.to(at::kFloat);
@@ -141,13 +150,16 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   // Y of every (token, slot) pair, zero for pairs another rank computes.
   at::Tensor y = at::zeros({tokens * K, H}, x.options());
   const int64_t first = c.first_local_expert();
-  for (int64_t e = 0; e < c.local_experts(); ++e) {
-    at::Tensor pairs = (flat_ids == first + e).nonzero().reshape({-1});  // ascending: the stable order
+  // Local experts: the routed ones, then the fused shared ones, which expert-parallel rank 0 computes.
+  const int64_t experts_here = c.ep_rank == 0 ? c.gemm_experts() : c.local_experts();
+  for (int64_t e = 0; e < experts_here; ++e) {
+    const int64_t global = e < c.local_experts() ? first + e : E + (e - c.local_experts());
+    at::Tensor pairs = (flat_ids == global).nonzero().reshape({-1});  // ascending: the stable order
     if (pairs.numel() == 0) continue;
     at::Tensor rows = at::floor_divide(pairs, K);  // the pairs' tokens
     at::Tensor g1, act, ye;
     if (w8a8) {
-      auto [q, scale] = quantize_rows(x.index_select(0, rows) * (*input_smooth)[first + e]);
+      auto [q, scale] = quantize_rows(x.index_select(0, rows) * (*input_smooth)[global]);
       g1 = times_weight(q.to(at::kDouble), w13[e].to(at::kDouble), c.weight_layout).to(at::kFloat) * scale *
            (*w13_scale)[e];
     } else if (fp8) {
@@ -172,7 +184,7 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
     if (b2.has_value()) ye = ye + (*b2)[e];
     y.index_copy_(0, pairs, ye.to(dtype).to(at::kFloat));
   }
-  // Weighted sum over slots in order j = 0..K-1, in fp32, rounded once.
+  // Weighted sum over slots in order j = 0..K'-1, in fp32, rounded once.
   at::Tensor yk = y.view({tokens, K, H});
   const at::Tensor& w = weights;
   at::Tensor out = at::zeros({tokens, H}, x.options());

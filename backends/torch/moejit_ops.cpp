@@ -101,13 +101,13 @@ void expect_optional(const std::optional<at::Tensor>& t, const char* name, at::S
 
 // Shapes of SPEC.md for the expert weights in the config's layout.
 std::vector<int64_t> w13_shape(const MoeConfig& c) {
-  return c.weight_layout == WeightLayout::NK ? std::vector<int64_t>{c.local_experts(), c.gemm1_rows(), c.hidden}
-                                             : std::vector<int64_t>{c.local_experts(), c.hidden, c.gemm1_rows()};
+  return c.weight_layout == WeightLayout::NK ? std::vector<int64_t>{c.gemm_experts(), c.gemm1_rows(), c.hidden}
+                                             : std::vector<int64_t>{c.gemm_experts(), c.hidden, c.gemm1_rows()};
 }
 std::vector<int64_t> w2_shape(const MoeConfig& c) {
   return c.weight_layout == WeightLayout::NK
-             ? std::vector<int64_t>{c.local_experts(), c.hidden, c.local_intermediate()}
-             : std::vector<int64_t>{c.local_experts(), c.local_intermediate(), c.hidden};
+             ? std::vector<int64_t>{c.gemm_experts(), c.hidden, c.local_intermediate()}
+             : std::vector<int64_t>{c.gemm_experts(), c.local_intermediate(), c.hidden};
 }
 
 // The stored weights' dtype (SPEC.md "Quantized experts"): int8 for w8a8_int8, float8_e4m3fn for
@@ -140,15 +140,15 @@ void check_weights_and_scales(const MoeConfig& c, const at::Tensor& w13, const a
                       " must be float32, bfloat16 or float16, got ", type);
     expect_optional(t, name, type, shape, true, "for expert_bias");
   };
-  check_bias(w13_bias, "w13_bias", {c.local_experts(), c.gemm1_rows()});
-  check_bias(w2_bias, "w2_bias", {c.local_experts(), c.hidden});
+  check_bias(w13_bias, "w13_bias", {c.gemm_experts(), c.gemm1_rows()});
+  check_bias(w2_bias, "w2_bias", {c.gemm_experts(), c.hidden});
   if (c.quant == Quant::None) {
     // Unquantized layers ignore these. One given anyway (MoELayer keeps what its caller passes) is
     // checked against the w8a8_int8 shapes, as it was before fp8 existed.
-    expect_optional(w13_scale, "w13_scale", at::kFloat, {c.local_experts(), c.gemm1_rows()}, false, "");
-    expect_optional(w2_scale, "w2_scale", at::kFloat, {c.local_experts(), c.hidden}, false, "");
-    expect_optional(input_smooth, "input_smooth", at::kFloat, {c.experts, c.hidden}, false, "");
-    expect_optional(act_smooth, "act_smooth", at::kFloat, {c.local_experts(), c.local_intermediate()}, false, "");
+    expect_optional(w13_scale, "w13_scale", at::kFloat, {c.gemm_experts(), c.gemm1_rows()}, false, "");
+    expect_optional(w2_scale, "w2_scale", at::kFloat, {c.gemm_experts(), c.hidden}, false, "");
+    expect_optional(input_smooth, "input_smooth", at::kFloat, {c.experts + c.shared_slots(), c.hidden}, false, "");
+    expect_optional(act_smooth, "act_smooth", at::kFloat, {c.gemm_experts(), c.local_intermediate()}, false, "");
     return;
   }
   // SPEC.md "Quantized experts": the tensors the quantization takes, fp32, in the shapes

@@ -18,7 +18,7 @@ KernelPlan combine_kernel(const LayerSpec& c) {
   KernelPlan k;
   k.stage = Stage::Combine;
   k.role = KernelRole::Combine;
-  k.entry = fmt::format("moejit_combine_h{}_k{}_{}", c.hidden, c.topk, to_string(c.dtype));
+  k.entry = fmt::format("moejit_combine_h{}_k{}{}_{}", c.hidden, c.topk, spec_text::shared_suffix(c), to_string(c.dtype));
   k.unit = "combine";
   k.device_function = "moejit::combine_tokens";
   k.args_type = "moejit::CombineArgs";
@@ -30,6 +30,7 @@ KernelPlan combine_kernel(const LayerSpec& c) {
       {"int", "kTopk", std::to_string(c.topk)},
       {"int", "kThreads", std::to_string(kCombineThreads)},
       {"int", "kVec", std::to_string(vec)},
+      {"int", "kSharedSlots", std::to_string(c.shared_slots())},
   };
   k.launch = {GridRule::TokensByColumns, kCombineThreads, int64_t{kCombineThreads} * vec, 0, c.hidden};
   // The token's slots (pair_pos, topk_weights) come from kernels two or more launches back, so the

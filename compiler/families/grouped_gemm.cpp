@@ -136,7 +136,7 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
   KernelPlan k;
   k.stage = gemm1 ? Stage::Gemm1 : Stage::Gemm2;
   k.role = gemm1 ? KernelRole::Gemm1 : KernelRole::Gemm2;
-  k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.local_experts(), n,
+  k.entry = fmt::format("moejit_gemm{}_e{}_n{}_k{}{}_{}{}_{}_m{}n{}k{}", gemm1 ? 1 : 2, c.gemm_experts(), n,
                         k_len, gemm1 ? "_" + activation_tag(c) : "", data_tag(c), c.expert_bias ? "_bias" : "",
                         to_string(c.weight_layout),
                         tile.bm, tile.bn, tile.bk);
@@ -186,7 +186,7 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
         {"float", "kSwigluLimit", float_literal(c.swiglu_limit)},
         {"bool", "kBias", boolean(c.expert_bias)},
         {"bool", "kGather", boolean(gather)},
-        {"int", "kTopk", std::to_string(c.topk)},
+        {"int", "kTopk", std::to_string(c.pair_slots())},  // pairs per token: the gather divides by it
         {"bool", "kWeightsBeforeWait", boolean(!gemm1)},
     };
     if (quantized) {
@@ -222,7 +222,7 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
       {"float", "kSwigluLimit", float_literal(c.swiglu_limit)},
       {"bool", "kBias", boolean(c.expert_bias)},
       {"bool", "kGather", boolean(gather)},
-      {"int", "kTopk", std::to_string(c.topk)},
+      {"int", "kTopk", std::to_string(c.pair_slots())},  // pairs per token: the gather divides by it
       {"bool", "kLayoutNK", boolean(c.weight_layout == WeightLayout::NK)},
       {"int", "kScaling", scaling_kind(c)},
       {"long long", "kScaleCols", std::to_string(scale_cols)},
@@ -233,9 +233,9 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
 }
 
 int64_t max_row_tiles(const LayerSpec& c, int64_t tokens, int bm) {
-  const int64_t pairs = tokens * c.topk;
+  const int64_t pairs = tokens * c.pair_slots();
   // Every tile holds at least one row, so there are never more tiles than pairs.
-  return std::min(pairs, (pairs + bm - 1) / bm + c.local_experts());
+  return std::min(pairs, (pairs + bm - 1) / bm + c.gemm_experts());
 }
 
 WeightMapShape weight_map_shape(const LayerSpec& c, bool gemm1, const TileShape& tile) {
@@ -243,9 +243,9 @@ WeightMapShape weight_map_shape(const LayerSpec& c, bool gemm1, const TileShape&
   const int per_unit = 2 / operand_bytes(c);
   const bool pairs = per_unit == 2;
   if (gemm1)
-    return {c.dtype, pairs, int64_t{c.local_experts()} * (c.gated ? 2 : 1), c.local_intermediate(), c.hidden / per_unit,
+    return {c.dtype, pairs, int64_t{c.gemm_experts()} * (c.gated ? 2 : 1), c.local_intermediate(), c.hidden / per_unit,
             tile.bn};
-  return {c.dtype, pairs, c.local_experts(), c.hidden, c.local_intermediate() / per_unit, tile.bn};
+  return {c.dtype, pairs, c.gemm_experts(), c.hidden, c.local_intermediate() / per_unit, tile.bn};
 }
 
 bool gemm1_quantizes_output(const LayerSpec& c, const TileShape& gemm1) {

@@ -2,15 +2,24 @@
 
 #include <fmt/format.h>
 
+#include "compiler/families/spec_text.h"
+
 namespace moejit {
 
 std::vector<KernelPlan> index_kernels(const LayerSpec& c) {
   std::vector<KernelPlan> out;
   const std::vector<SpecItem> spec = {
-      {"int", "kLocalExperts", std::to_string(c.local_experts())},
+      {"int", "kLocalExperts", std::to_string(c.gemm_experts())},
       {"int", "kPairsPerBlock", std::to_string(kPairsPerIndexBlock)},
       {"int", "kIndexWarps", std::to_string(kIndexWarps)},
+      {"int", "kRoutedExperts", std::to_string(c.local_experts())},
+      {"int", "kTopk", std::to_string(c.topk)},
+      {"int", "kSharedSlots", std::to_string(c.shared_slots())},
   };
+  // Without fused shared experts the index does not depend on K: one name for every topk.
+  const std::string tag = c.shared_slots() > 0
+                              ? fmt::format("e{}_k{}{}", c.local_experts(), c.topk, spec_text::shared_suffix(c))
+                              : fmt::format("e{}", c.local_experts());
   struct Step {
     const char* name;
     KernelRole role;
@@ -24,12 +33,12 @@ std::vector<KernelPlan> index_kernels(const LayerSpec& c) {
     KernelPlan k;
     k.stage = Stage::Index;
     k.role = step.role;
-    k.entry = fmt::format("moejit_index_{}_e{}", step.name, c.local_experts());
+    k.entry = fmt::format("moejit_index_{}_{}", step.name, tag);
     k.unit = "index";
     k.device_function = fmt::format("moejit::index_{}", step.name);
     k.args_type = "moejit::IndexArgs";
     k.header = "moejit/index.cuh";
-    k.spec_name = fmt::format("IndexSpec_e{}", c.local_experts());
+    k.spec_name = fmt::format("IndexSpec_{}", tag);
     k.spec = spec;
     k.launch = step.launch;
     out.push_back(std::move(k));
@@ -51,7 +60,9 @@ IndexArgs index_args(const CallContext& x) {
                    b.at<int>(o.pair_pos),
                    b.at<int>(o.tile_expert),
                    b.at<int>(o.tile_row),
-                   b.at<int>(o.num_tiles)};
+                   b.at<int>(o.num_tiles),
+                   // The fused shared experts are computed once over an expert-parallel group: on rank 0.
+                   x.placement.ep_rank == 0 ? 1 : 0};
 }
 
 }  // namespace moejit

@@ -35,11 +35,11 @@ std::vector<KernelPlan> quantize_kernels(const LayerSpec& c) {
     if (fp8) {
       // "fp8_block" / "fp8_tensor" in the names: the two group sizes are different kernels.
       k.entry = expand ? fmt::format("moejit_quantize_tokens_h{}_{}_{}", cols, to_string(c.quant), to_string(c.dtype))
-                       : fmt::format("moejit_quantize_act_i{}_e{}_{}", cols, c.local_experts(), to_string(c.quant));
+                       : fmt::format("moejit_quantize_act_i{}_e{}_{}", cols, c.gemm_experts(), to_string(c.quant));
     } else {
-      k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}_e{}_{}", cols, c.topk, c.local_experts(),
-                                     to_string(c.dtype))
-                       : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.local_experts());
+      k.entry = expand ? fmt::format("moejit_quantize_expand_h{}_k{}{}_e{}_{}", cols, c.topk,
+                                     spec_text::shared_suffix(c), c.gemm_experts(), to_string(c.dtype))
+                       : fmt::format("moejit_quantize_act_i{}_e{}", cols, c.gemm_experts());
     }
     k.unit = "quantize";
     k.device_function = fp8 ? "moejit::quantize_fp8_rows" : "moejit::quantize_rows";
@@ -55,7 +55,7 @@ std::vector<KernelPlan> quantize_kernels(const LayerSpec& c) {
           {"long long", "kCols", std::to_string(cols)},
           {"long long", "kGroupCols", std::to_string(group)},
           {"int", "kThreads", std::to_string(threads)},
-          {"int", "kLocalExperts", std::to_string(c.local_experts())},
+          {"int", "kLocalExperts", std::to_string(c.gemm_experts())},
           {"bool", "kSorted", spec_text::boolean(!expand)},
       };
       // Stage 3 quantizes a token's row once; the re-quantization a sorted row (pair) each.
@@ -67,8 +67,10 @@ std::vector<KernelPlan> quantize_kernels(const LayerSpec& c) {
         {"int", "kCols", std::to_string(cols)},
         {"int", "kThreads", std::to_string(threads)},
         {"int", "kTopk", std::to_string(c.topk)},
-        {"int", "kLocalExperts", std::to_string(c.local_experts())},
+        {"int", "kLocalExperts", std::to_string(c.gemm_experts())},
         {"bool", "kGather", spec_text::boolean(expand)},
+        {"int", "kSharedSlots", std::to_string(c.shared_slots())},
+        {"int", "kExperts", std::to_string(c.experts)},
     };
     k.launch = {GridRule::SortedRows, threads, 1};
     return k;

@@ -23,6 +23,12 @@ inline std::string device_type(DType t) {
 
 inline std::string boolean(bool v) { return v ? "true" : "false"; }
 
+// "_s2" in the names of kernels that see a layer's 2 fused shared experts; "" without them, so a
+// layer without fused shared experts keeps its names (and cached binaries).
+inline std::string shared_suffix(const LayerSpec& c) {
+  return c.shared_slots() > 0 ? fmt::format("_s{}", c.shared_slots()) : std::string();
+}
+
 // A float literal that NVRTC reads back as exactly the float nearest to `v`.
 inline std::string float_literal(double v) {
   std::string s = fmt::format("{:.9g}", static_cast<float>(v));

@@ -85,6 +85,10 @@ class MoeConfig:
     tp_size: int = 1
     tp_rank: int = 0
     n_shared_experts: int = 0
+    # The layer computes the n_shared_experts shared experts in its grouped GEMMs: every token visits
+    # them with weight 1; their weights follow the routed experts' in w13/w2 (and every per-expert
+    # tensor), and expert-parallel rank 0 computes them. False: pass their output as ``residual``.
+    fuse_shared_experts: bool = False
     weight_layout: str = "nk"  # nk: w13 [E_loc, 2I, H]; kn: w13 [E_loc, H, 2I]
 
     def __post_init__(self):
@@ -104,6 +108,16 @@ class MoeConfig:
         return self.moe_intermediate // self.tp_size
 
     @property
+    def shared_slots(self) -> int:
+        """S: the shared experts the layer computes (0 unless fuse_shared_experts)."""
+        return self.n_shared_experts if self.fuse_shared_experts else 0
+
+    @property
+    def gemm_experts(self) -> int:
+        """E_loc + S: the leading dim of w13, w2 and their per-expert tensors."""
+        return self.local_experts + self.shared_slots
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
 
@@ -114,12 +128,12 @@ class MoeConfig:
     def w13_shape(self) -> tuple:
         rows = (2 if self.gated else 1) * self.local_intermediate
         nk = self.weight_layout == "nk"
-        return (self.local_experts, rows, self.hidden) if nk else (self.local_experts, self.hidden, rows)
+        return (self.gemm_experts, rows, self.hidden) if nk else (self.gemm_experts, self.hidden, rows)
 
     def w2_shape(self) -> tuple:
         nk = self.weight_layout == "nk"
         i = self.local_intermediate
-        return (self.local_experts, self.hidden, i) if nk else (self.local_experts, i, self.hidden)
+        return (self.gemm_experts, self.hidden, i) if nk else (self.gemm_experts, i, self.hidden)
 
     @property
     def weight_torch_dtype(self) -> torch.dtype:
@@ -132,7 +146,9 @@ class MoeConfig:
         op library's quant_tensor_shapes, compiler/moe_config.cpp): w13_scale and w2_scale, and for
         w8a8_int8 input_smooth and act_smooth too. Empty for quant none; an unknown quant gets {} here
         and a ValueError from the library."""
-        E, E_loc, H, I = self.experts, self.local_experts, self.hidden, self.local_intermediate
+        # The fused shared experts' tensors follow the routed experts' (E_loc + S, E + S).
+        E, E_loc = self.experts + self.shared_slots, self.gemm_experts
+        H, I = self.hidden, self.local_intermediate
         n1 = (2 if self.gated else 1) * I
         if self.quant == "w8a8_int8":
             return {"w13_scale": (E_loc, n1), "w2_scale": (E_loc, H), "input_smooth": (E, H), "act_smooth": (E_loc, I)}

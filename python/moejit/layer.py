@@ -53,7 +53,8 @@ class MoELayer(nn.Module):
 
         self.w13 = nn.Parameter(given(w13, config.w13_shape(), weight_dtype), requires_grad=False)
         self.w2 = nn.Parameter(given(w2, config.w2_shape(), weight_dtype), requires_grad=False)
-        E, E_loc, H, I = config.experts, config.local_experts, config.hidden, config.local_intermediate
+        # The per-expert tensors hold the fused shared experts after the routed ones (E_loc + S, E + S).
+        E, E_loc, H, I = config.experts, config.gemm_experts, config.hidden, config.local_intermediate
         rows = config.w13_shape()[1] if config.weight_layout == "nk" else config.w13_shape()[2]
         needs_bias = config.topk_method == "noaux_tc"
         self.register_buffer("e_score_correction_bias",
@@ -61,7 +62,7 @@ class MoELayer(nn.Module):
                              e_score_correction_bias is not None else None)
         # The quantization's tensors, ones when not given. An unquantized layer keeps one only when
         # given (in the w8a8_int8 shapes, which the op checks and ignores).
-        unquantized = {"w13_scale": (E_loc, rows), "w2_scale": (E_loc, H), "input_smooth": (E, H),
+        unquantized = {"w13_scale": (E_loc, rows), "w2_scale": (E_loc, H), "input_smooth": (E + config.shared_slots, H),
                        "act_smooth": (E_loc, I)}
         for name, t in (("w13_scale", w13_scale), ("w2_scale", w2_scale), ("input_smooth", input_smooth),
                         ("act_smooth", act_smooth)):

@@ -21,6 +21,7 @@ struct Case {
   std::string preset;
   std::string arch;
   Quant quant = Quant::None;
+  bool fuse_shared = false;  // the preset's shared experts computed in the layer
 };
 
 // ptxas -v reports "N bytes stack frame, N bytes spill stores": no kernel may use local memory (a
@@ -37,6 +38,7 @@ void expect_lean_kernels(const CompiledUnit& compiled) {
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   std::string name = info.param.preset + "_" + info.param.arch;
   if (info.param.quant != Quant::None) name += "_" + std::string(to_string(info.param.quant));
+  if (info.param.fuse_shared) name += "_fused_shared";
   for (char& c : name)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   return name;
@@ -53,6 +55,13 @@ std::vector<Case> cases() {
     out.push_back({"mixtral-8x7b", "sm_80", q});
     out.push_back({"glm-4.5-air", "sm_89", q});
   }
+  // Fused shared experts change the index (K + S slots a token), the gathers, the combine and the
+  // expert count of the GEMMs: one shared expert on both GEMM paths, two (DeepSeek-V2-Lite) with
+  // int8's per-expert smoothing of the gathered rows.
+  out.push_back({"deepseek-v3", "sm_90a", Quant::None, true});
+  out.push_back({"deepseek-v2-lite", "sm_80", Quant::None, true});
+  out.push_back({"deepseek-v2-lite", "sm_90a", Quant::W8A8Int8, true});
+  out.push_back({"glm-4.5-air", "sm_90a", Quant::Fp8Block, true});
   return out;
 }
 
@@ -61,6 +70,7 @@ class EveryPreset : public testing::TestWithParam<Case> {};
 TEST_P(EveryPreset, EveryUnitCompilesToCubinWithItsEntryPoints) {
   MoeConfig config = preset(GetParam().preset);
   config.quant = GetParam().quant;
+  config.fuse_shared_experts = GetParam().fuse_shared;
   Plan plan = make_plan(config, GetParam().arch);
   KernelSource source = generate(plan);
   CompileOptions options = compile_options_for(GetParam().arch);

@@ -1,4 +1,5 @@
 // The float64 CPU reference (tests/reference) against hand-computed values from SPEC.md.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -497,6 +498,100 @@ TEST(ReferenceExperts, KnLayoutEqualsNkOnTransposedWeights) {
     // The layer is route + experts.
     Experts direct = experts(c, T, hidden, a.routing.ids, a.routing.weights, kn, residual);
     EXPECT_EQ(direct.out, b.experts.out);
+  }
+}
+
+// Fused shared experts (SPEC.md: one more expert every token visits with weight 1): on each
+// expert-parallel rank the fused layer equals the routed experts alone plus, on rank 0 only, the
+// S shared experts' sum, itself the layer of S experts that every token visits with weight 1.
+TEST(ReferenceExperts, FusedSharedExpertsAreSlotsOfWeightOneOnRankZero) {
+  for (Quant quant : {Quant::None, Quant::W8A8Int8}) {
+    for (int rank : {0, 1}) {
+      SCOPED_TRACE(fmt::format("{} ep_rank {}", quant == Quant::None ? "unquantized" : "w8a8", rank));
+      MoeConfig c = small_config(8, 3);
+      c.hidden = 24;
+      c.moe_intermediate = 40;
+      c.tp_size = 2;  // I = 20
+      c.ep_size = 2;
+      c.ep_rank = rank;
+      c.quant = quant;
+      c.dtype = c.router_dtype = quant == Quant::None ? DType::FP32 : DType::BF16;
+      c.n_shared_experts = 2;
+      c.fuse_shared_experts = true;
+      const int S = c.shared_slots(), EL = c.local_experts(), EA = c.gemm_experts();
+      ASSERT_EQ(S, 2);
+      ASSERT_EQ(c.pair_slots(), 5);
+      const int64_t T = 13, H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
+      std::mt19937 rng(4321 + rank);
+      const bool q = quant == Quant::W8A8Int8;
+      Weights fused;
+      fused.w13 = random_vector(rng, EA * N1 * H, q ? -127 : -1, q ? 127 : 1, q);
+      fused.w2 = random_vector(rng, EA * H * I, q ? -127 : -1, q ? 127 : 1, q);
+      if (q) {
+        fused.w13_scale = random_vector(rng, EA * N1, 0.001, 0.01);
+        fused.w2_scale = random_vector(rng, EA * H, 0.001, 0.01);
+        fused.input_smooth = random_vector(rng, (c.experts + S) * H, 0.5, 2);
+        fused.act_smooth = random_vector(rng, EA * I, 0.5, 2);
+      }
+      const std::vector<double> hidden = random_vector(rng, T * H, -1, 1);
+      const std::vector<double> logits = random_vector(rng, T * c.experts, -2, 2);
+      const std::vector<double> residual = random_vector(rng, T * H, -1, 1);
+      const Layer got = layer(c, T, hidden, logits, {}, fused, residual);
+
+      // The index: K + S pairs a token; the shared experts' T rows each on rank 0 (local EL, EL + 1).
+      const Index& ix = got.experts.index;
+      ASSERT_EQ(ix.pair_pos.size(), static_cast<size_t>(T * c.pair_slots()));
+      ASSERT_EQ(ix.counts.size(), static_cast<size_t>(EA));
+      for (int s = 0; s < S; ++s) EXPECT_EQ(ix.counts[EL + s], rank == 0 ? T : 0);
+
+      // The routed experts alone: the first EL experts' tensors, no shared slots.
+      MoeConfig routed_config = c;
+      routed_config.fuse_shared_experts = false;
+      auto first_experts = [](const std::vector<double>& v, int64_t experts, int64_t per_expert) {
+        return std::vector<double>(v.begin(), v.begin() + experts * per_expert);
+      };
+      Weights routed;
+      routed.w13 = first_experts(fused.w13, EL, N1 * H);
+      routed.w2 = first_experts(fused.w2, EL, H * I);
+      if (q) {
+        routed.w13_scale = first_experts(fused.w13_scale, EL, N1);
+        routed.w2_scale = first_experts(fused.w2_scale, EL, H);
+        routed.input_smooth = first_experts(fused.input_smooth, c.experts, H);
+        routed.act_smooth = first_experts(fused.act_smooth, EL, I);
+      }
+      const Layer want_routed = layer(routed_config, T, hidden, logits, {}, routed, residual);
+      EXPECT_EQ(want_routed.routing.ids, got.routing.ids);
+
+      // The shared experts as a layer of S experts (one rank), every token visiting all of them.
+      MoeConfig shared_config = c;
+      shared_config.experts = S;
+      shared_config.topk = S;
+      shared_config.ep_size = 1;
+      shared_config.ep_rank = 0;
+      shared_config.fuse_shared_experts = false;
+      auto last_experts = [](const std::vector<double>& v, int64_t from, int64_t experts, int64_t per_expert) {
+        return std::vector<double>(v.begin() + from * per_expert, v.begin() + (from + experts) * per_expert);
+      };
+      Weights shared;
+      shared.w13 = last_experts(fused.w13, EL, S, N1 * H);
+      shared.w2 = last_experts(fused.w2, EL, S, H * I);
+      if (q) {
+        shared.w13_scale = last_experts(fused.w13_scale, EL, S, N1);
+        shared.w2_scale = last_experts(fused.w2_scale, EL, S, H);
+        shared.input_smooth = last_experts(fused.input_smooth, c.experts, S, H);
+        shared.act_smooth = last_experts(fused.act_smooth, EL, S, I);
+      }
+      std::vector<int> every(T * S);
+      for (int64_t t = 0; t < T; ++t)
+        for (int s = 0; s < S; ++s) every[t * S + s] = s;
+      const Experts want_shared = experts(shared_config, T, hidden, every, std::vector<double>(T * S, 1.0), shared, {});
+
+      std::vector<double> want = want_routed.experts.out;
+      if (rank == 0)
+        for (size_t i = 0; i < want.size(); ++i) want[i] += want_shared.out[i];
+      EXPECT_LE(relative_error(want, got.experts.out), 1e-13);
+      EXPECT_GT(relative_error(want_routed.experts.out, got.experts.out), rank == 0 ? 1e-3 : -1.0);
+    }
   }
 }
 

@@ -149,6 +149,25 @@ const std::vector<InvalidRow>& invalid_rows() {
       // shared experts
       {"negative shared experts", "", [](MoeConfig& c) { c.n_shared_experts = -1; }, S::Validate,
        "n_shared_experts: -1 is out of range; allowed >= 0"},
+      {"fused shared experts without any", "mixtral-8x7b", [](MoeConfig& c) { c.fuse_shared_experts = true; },
+       S::Validate,
+       "fuse_shared_experts: true needs shared experts to compute, but n_shared_experts is 0; allowed: "
+       "n_shared_experts >= 1, or fuse_shared_experts false"},
+      {"fused shared experts past 32 slots a token", "deepseek-v3", [](MoeConfig& c) {
+         c.fuse_shared_experts = true;
+         c.n_shared_experts = 25;
+       },
+       S::Validate, "n_shared_experts: 25 fused shared experts and topk 8 give 33 slots per token; allowed at most 32"},
+      {"fused shared experts past 1024 GEMM experts", "", [](MoeConfig& c) {
+         c.experts = 1024;
+         c.topk = 2;
+         c.fuse_shared_experts = true;
+         c.n_shared_experts = 1;
+       },
+       S::Validate, "n_shared_experts: 1 fused shared experts beside 1024 local experts give more than 1024 experts to "
+                    "the grouped GEMMs"},
+      {"fuse_shared_experts not a boolean", "", set("fuse_shared_experts", "maybe"), S::SetField,
+       "fuse_shared_experts: 'maybe' is not allowed; allowed values: true, false"},
       // quantization
       {"int8 quantization of fp32 activations", "", [](MoeConfig& c) {
          c.dtype = DType::FP32;

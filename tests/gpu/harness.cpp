@@ -396,8 +396,10 @@ Problem make_problem(const MoeConfig& config, int64_t tokens, uint64_t seed, con
   }
   if (p.w8a8()) {
     const CounterRng rng(seed, static_cast<uint64_t>(Tensor::InputSmooth));
-    p.input_smooth.resize(static_cast<size_t>(E) * H);
-    for (int64_t i = 0; i < E * H; ++i) p.input_smooth[i] = static_cast<float>(rng.uniform(i, 0.5, 2.0));
+    // Rows E.. are the fused shared experts' (global experts E + s).
+    const int64_t rows = E + config.shared_slots();
+    p.input_smooth.resize(static_cast<size_t>(rows * H));
+    for (int64_t i = 0; i < rows * H; ++i) p.input_smooth[i] = static_cast<float>(rng.uniform(i, 0.5, 2.0));
   }
   return p;
 }
@@ -482,18 +484,23 @@ void expert_doubles(const Problem& p, Tensor t, int global_expert, double* dst) 
 }
 
 int64_t weight_elements(const MoeConfig& c) {
-  return static_cast<int64_t>(c.local_experts()) * (expert_elems(c, Tensor::W13) + expert_elems(c, Tensor::W2));
+  return static_cast<int64_t>(c.gemm_experts()) * (expert_elems(c, Tensor::W13) + expert_elems(c, Tensor::W2));
+}
+
+int global_expert_of_local(const MoeConfig& c, int local) {
+  return local < c.local_experts() ? c.first_local_expert() + local : c.experts + (local - c.local_experts());
 }
 
 reference::Weights reference_weights(const Problem& p) {
   const MoeConfig& c = p.config;
-  const int e_loc = c.local_experts(), s = c.first_local_expert();
+  const int e_loc = c.gemm_experts();
   reference::Weights w;
   auto fill = [&](std::vector<double>& v, Tensor t) {
     const int64_t n = expert_elems(c, t);
     v.assign(static_cast<size_t>(e_loc * n), 0.0);
     parallel_for(e_loc, [&](int64_t b, int64_t e) {
-      for (int64_t l = b; l < e; ++l) expert_doubles(p, t, s + static_cast<int>(l), v.data() + l * n);
+      for (int64_t l = b; l < e; ++l)
+        expert_doubles(p, t, global_expert_of_local(c, static_cast<int>(l)), v.data() + l * n);
     });
   };
   fill(w.w13, Tensor::W13);
@@ -545,13 +552,13 @@ DeviceBuffer upload_bytes(const void* src, size_t bytes) {
 // One rank's slice of a per-expert tensor, generated expert by expert on every host core.
 DeviceBuffer upload_weight(const Problem& p, Tensor t) {
   const MoeConfig& c = p.config;
-  const int e_loc = c.local_experts(), s = c.first_local_expert();
+  const int e_loc = c.gemm_experts();
   const size_t slice = static_cast<size_t>(expert_elems(c, t)) * elem_bytes(weight_elem(c, t));
   DeviceBuffer d(slice * e_loc);
   parallel_for(e_loc, [&](int64_t b, int64_t e) {
     std::vector<uint8_t> staging(slice);
     for (int64_t l = b; l < e; ++l) {
-      expert_bytes(p, t, s + static_cast<int>(l), staging.data());
+      expert_bytes(p, t, global_expert_of_local(c, static_cast<int>(l)), staging.data());
       d.upload(staging.data(), slice, l * slice);
     }
   });

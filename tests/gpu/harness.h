@@ -92,7 +92,7 @@ struct Problem {
   HostTensor logits;                // [T, E] router dtype
   HostTensor residual;              // [T, H] dtype; count 0 when absent
   std::vector<float> bias;          // [E]; noaux_tc only
-  std::vector<float> input_smooth;  // [E, H]; w8a8 only (global, as every rank receives it)
+  std::vector<float> input_smooth;  // [E + S, H]; w8a8 only (global, as every rank receives it)
 
   bool w8a8() const { return config.quant == Quant::W8A8Int8; }
   bool fp8() const { return is_fp8(config.quant); }
@@ -118,8 +118,11 @@ Elem weight_elem(const MoeConfig& config, Tensor t);
 int64_t expert_elems(const MoeConfig& config, Tensor t);
 void expert_bytes(const Problem& p, Tensor t, int global_expert, uint8_t* dst);
 void expert_doubles(const Problem& p, Tensor t, int global_expert, double* dst);
-// E_loc * (N1*H + H*I): the weights of one rank.
+// E_loc * (N1*H + H*I): the weights of one rank (E_loc + S with fused shared experts).
 int64_t weight_elements(const MoeConfig& config);
+// The global expert whose weights a rank's local expert holds: the routed s + l, or a fused shared
+// expert E + (l - E_loc), generated like any other expert.
+int global_expert_of_local(const MoeConfig& config, int local);
 // Above this many weight elements the reference gets only the experts the checked tokens use
 // (compaction), e.g. the full-size presets (up to 17 G weights).
 constexpr int64_t kMaterializeLimit = int64_t{320} << 20;  // 2.5 GB of doubles

@@ -577,6 +577,154 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
+// Fused shared experts (fuse_shared_experts): the layer computes the n_shared_experts shared
+// experts in its own launches (their weights after the routed experts', generated as global
+// experts E..E+S-1), every token visiting them with weight 1, on expert-parallel rank 0 only.
+// Checked against the float64 reference on the GPU's own routing (forward) and on the caller's
+// (experts), at each rank of 1 and 2, the ranks' sum against one rank, T = 0 leaving every byte
+// alone, and a second run on other poison writing the same bytes (every pair_pos written).
+MoeConfig with_fused_shared(MoeConfig c, int shared) {
+  c.n_shared_experts = shared;
+  c.fuse_shared_experts = true;
+  return c;
+}
+
+void check_fused_shared_experts(const MoeConfig& c, const std::vector<int64_t>& token_counts) {
+  ASSERT_TRUE(validation_errors(c).empty()) << validation_errors(c)[0];
+  ASSERT_GT(c.shared_slots(), 0);
+  const Tolerances tol = tolerances_for(c);
+  Seeds seeds;
+  Stream stream;
+  for (int64_t T : token_counts) {
+    const Problem whole = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+    std::vector<double> one_rank;
+    for (int ep_size : {1, 2}) {
+      std::vector<double> sum(T * c.hidden, 0.0);
+      for (int rank = 0; rank < ep_size; ++rank) {
+        SCOPED_TRACE(fmt::format("T={} ep {}/{}: {}", T, rank, ep_size, whole.describe()));
+        Problem p = whole.for_rank(ep_size, rank);
+        if (rank != 0) {  // the residual is added once over the ranks
+          p.residual = HostTensor();
+          p.options.residual = false;
+        }
+        auto layer = Layer::create(p.config);
+        DeviceInputs in = upload(p);
+        GpuRun run = run_forward(*layer, in, T, stream.get());
+        if (T == 0) {
+          EXPECT_TRUE(check_untouched(run, p));
+          continue;
+        }
+        const reference::Weights weights = reference_weights(p);
+        const std::vector<double> hidden = p.hidden.doubles(), residual = p.residual.doubles();
+        // Routing: the reference's ids wherever no near tie decides them.
+        const reference::Routing routing = reference::route(p.config, T, p.logits.doubles(), p.bias_doubles());
+        for (int64_t t = 0; t < T; ++t) {
+          if (routing.near_tie[t]) continue;
+          for (int j = 0; j < c.topk; ++j) {
+            ASSERT_EQ(run.topk_ids[t * c.topk + j], routing.ids[t * c.topk + j]) << "token " << t << " slot " << j;
+          }
+        }
+        // Stages 2-6 on the GPU's routing.
+        const std::vector<double> gpu_weights(run.topk_weights.begin(), run.topk_weights.end());
+        const reference::Experts want = reference::experts(p.config, T, hidden, run.topk_ids, gpu_weights, weights, residual);
+        const std::vector<double> got = decode_all(run);
+        EXPECT_LE(reference::relative_error(want.out, got), tol.out);
+        // The shared experts contribute on rank 0 (a token with no local routed pair still gets them).
+        if (rank == 0) {
+          const reference::Experts routed_only = reference::experts(
+              [&] {
+                MoeConfig r = p.config;
+                r.fuse_shared_experts = false;
+                return r;
+              }(),
+              T, hidden, run.topk_ids, gpu_weights,
+              [&] {
+                reference::Weights r = weights;
+                const int64_t el = c.local_experts(), n1 = c.gemm1_rows(), h = c.hidden, i = c.local_intermediate();
+                r.w13.resize(el * n1 * h);
+                r.w2.resize(el * h * i);
+                if (p.w8a8()) {
+                  r.w13_scale.resize(el * n1);
+                  r.w2_scale.resize(el * h);
+                  r.act_smooth.resize(el * i);
+                  r.input_smooth.resize(static_cast<size_t>(c.experts) * h);
+                }
+                if (p.fp8()) {
+                  r.w13_scale.resize(el * expert_elems(c, Tensor::W13Scale));
+                  r.w2_scale.resize(el * expert_elems(c, Tensor::W2Scale));
+                }
+                return r;
+              }(),
+              residual);
+          EXPECT_GT(reference::relative_error(routed_only.out, want.out), 10 * tol.out)
+              << "the shared experts changed the output too little for this test to see them";
+        }
+        // Every byte it reads was written: the same output on other poison.
+        GpuRun again = run_forward(*layer, in, T, stream.get(), 0x5A);
+        EXPECT_TRUE(again.out == run.out);
+        // The experts() entry point on the caller's routing (the reference's), same shared slots.
+        std::vector<float> caller_weights(routing.weights.begin(), routing.weights.end());
+        GpuRun experts = run_experts(*layer, in, T, routing.ids, caller_weights, stream.get());
+        const std::vector<double> caller_w(caller_weights.begin(), caller_weights.end());
+        const reference::Experts want_experts =
+            reference::experts(p.config, T, hidden, routing.ids, caller_w, weights, residual);
+        EXPECT_LE(reference::relative_error(want_experts.out, decode_all(experts)), tol.out);
+        const std::vector<double> out = decode_all(run);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+      }
+      if (T == 0) continue;
+      if (ep_size == 1)
+        one_rank = sum;
+      else
+        EXPECT_LE(reference::relative_error(one_rank, sum), tol.out) << "T=" << T << ": sum over 2 ranks vs 1 rank";
+    }
+  }
+}
+
+// Under memcheck and racecheck (gpu.memcheck / gpu.racecheck run Sanitize.*): the new index,
+// gather and combine paths at decode (single-block index) and mid (multi-block, mma.sync tiles).
+TEST(Sanitize, FusedSharedExperts) {
+  check_fused_shared_experts(with_fused_shared(small_config(16, 4, 264, 136, DType::BF16), 2), {1, 300});
+}
+
+struct SharedCase {
+  const char* name;
+  MoeConfig config;
+};
+
+class FusedSharedExperts : public ::testing::TestWithParam<SharedCase> {};
+
+TEST_P(FusedSharedExperts, AgainstTheReferenceAtEveryRank) {
+  // 1 and 7 tokens: the decode path (routing and index in one block); 300 and 1000: the
+  // multi-block index and the mid and prefill GEMM tiles (the shared experts then hold T rows each).
+  check_fused_shared_experts(GetParam().config, {0, 1, 7, 300, 1000});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, FusedSharedExperts,
+    ::testing::Values(
+        SharedCase{"softmax_bf16_two_shared", with_fused_shared(small_config(16, 4, 264, 136, DType::BF16), 2)},
+        // fp32: the 1e-5 check is tight.
+        SharedCase{"grouped_sigmoid_fp32", with_fused_shared(grouped_sigmoid(32, 6, 200, 96, DType::FP32), 1)},
+        SharedCase{"grouped_sigmoid_bf16", with_fused_shared(grouped_sigmoid(32, 6, 512, 256, DType::BF16), 1)},
+        // int8: the shared experts' own input_smooth rows (E + s) in the gathered quantization.
+        SharedCase{"w8a8_fp16", with_fused_shared(
+                                    [] {
+                                      MoeConfig c = small_config(24, 4, 320, 128, DType::FP16);
+                                      c.quant = Quant::W8A8Int8;
+                                      return c;
+                                    }(),
+                                    2)},
+        SharedCase{"fp8_block_bf16", with_fused_shared(
+                                         [] {
+                                           MoeConfig c = small_config(16, 4, 384, 256, DType::BF16);
+                                           c.quant = Quant::Fp8Block;
+                                           return c;
+                                         }(),
+                                         1)}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
 // Hostile router logits: NaN, +-inf, huge, all equal. SPEC.md: every weight finite, every id in
 // [0, E) and distinct in its row, nothing out of bounds; ties go to the lower index.
 struct HostileCase {

@@ -1,6 +1,7 @@
 """The op library as torch sees it: registration, opcheck, Meta kernels, math against a plain torch
 reference, argument errors, MoeConfig and MoELayer."""
 
+import dataclasses
 import json
 
 import pytest
@@ -234,6 +235,47 @@ def test_experts_with_more_slots_than_experts(ids_dtype, device):
         with pytest.raises(ValueError, match=r"topk: 4 is more than experts \(1\)"):
             torch.ops.moejit.moe_layer(t["hidden"].to(dev), logits, t["w13"].to(dev), t["w2"].to(dev), None, None,
                                        None, None, None, None, j)
+
+
+@pytest.mark.parametrize("ep_rank", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_shared_experts_are_slots_of_weight_one(ep_rank, dtype, device):
+    """fuse_shared_experts: the layer adds its n_shared_experts shared experts (the last experts of
+    w13/w2) with weight 1 to every token, on expert-parallel rank 0 only; the same as the routed
+    layer plus the shared experts' output passed as the residual."""
+    cfg = small_config(experts=8, topk=3, hidden=48, moe_intermediate=40, ep_size=2, ep_rank=ep_rank,
+                       n_shared_experts=2, fuse_shared_experts=True, dtype=moejit.config.dtype_name(dtype))
+    assert cfg.w13_shape() == (4 + 2, 80, 48) and cfg.shared_slots == 2
+    t = random_inputs(cfg, tokens=7, device=device, seed=5)
+    j = cfg.to_json()
+    weights, ids = torch.ops.moejit.route(t["logits"], None, j)
+    assert ids.shape == (7, 3)  # the shared slots are implied, not routed
+    out = torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"], t["w2"], None, None, None, None, None, j)
+    # The routed experts alone, and the shared experts as a residual (SPEC.md's gated MLP).
+    routed_cfg = dataclasses.replace(cfg, fuse_shared_experts=False)
+    residual = torch.zeros_like(t["hidden"], dtype=torch.float32)
+    if ep_rank == 0:
+        x = t["hidden"].float()
+        for s in range(2):
+            g1 = x @ t["w13"][4 + s].float().t()
+            residual += (torch.nn.functional.silu(g1[:, :40]) * g1[:, 40:]).to(dtype).float() @ t["w2"][4 + s].float().t()
+    want = torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"][:4], t["w2"][:4], None, None, None, None,
+                                    residual.to(dtype), routed_cfg.to_json())
+    assert rel_error(out.cpu(), want.double().cpu()) < TOLERANCE[dtype]
+    if ep_rank == 1:
+        assert torch.equal(out, want)  # rank 1 computes no shared expert
+    layer = torch.ops.moejit.moe_layer(t["hidden"], t["logits"], t["w13"], t["w2"], None, None, None, None, None,
+                                       None, j)
+    if device == "cpu":
+        assert torch.equal(layer, out)
+    # The weights' leading dim counts the shared experts: the routed-only shape is refused by name.
+    with pytest.raises(ValueError, match="w13"):
+        torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"][:4], t["w2"], None, None, None, None, None, j)
+
+
+def test_fused_shared_experts_need_shared_experts():
+    with pytest.raises(ValueError, match="fuse_shared_experts: true needs shared experts"):
+        torch.ops.moejit.route(torch.zeros(1, 8), None, small_config(fuse_shared_experts=True).to_json())
 
 
 # --- errors ----------------------------------------------------------------------------------------

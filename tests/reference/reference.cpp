@@ -220,29 +220,41 @@ Index index(const MoeConfig& config, int64_t tokens, const std::vector<int>& ids
   if (tokens < 0) throw std::invalid_argument("moejit reference: tokens < 0");
   const int E = config.experts;
   const int K = config.topk;
+  // Pairs f = t * KS + j: slots j < K are the routed experts ids[t * K + j], slots K..KS-1 the
+  // fused shared experts (local experts e_loc.. on expert-parallel rank 0, not local elsewhere).
+  const int KS = config.pair_slots();
   const int e_loc = config.local_experts();
+  const int e_all = config.gemm_experts();
   const int s = config.first_local_expert();
-  const int64_t M = tokens * K;
-  require_size("topk_ids", ids.size(), M);
+  const int64_t M = tokens * KS;
+  require_size("topk_ids", ids.size(), tokens * K);
 
-  Index ix;
-  ix.counts.assign(e_loc, 0);
-  ix.offsets.assign(e_loc + 1, 0);
-  ix.pair_pos.assign(M, -1);
+  std::vector<int> local(M, -1);
   for (int64_t f = 0; f < M; ++f) {
-    const int e = ids[f];
+    const int64_t t = f / KS;
+    const int j = static_cast<int>(f % KS);
+    if (j >= K) {
+      if (config.ep_rank == 0) local[f] = e_loc + (j - K);
+      continue;
+    }
+    const int e = ids[t * K + j];
     if (e < 0 || e >= E)
-      throw std::invalid_argument("moejit reference: topk_ids[" + std::to_string(f) + "] = " + std::to_string(e) +
-                                  " is outside [0, " + std::to_string(E) + ")");
-    if (e >= s && e < s + e_loc) ix.counts[e - s]++;
+      throw std::invalid_argument("moejit reference: topk_ids[" + std::to_string(t * K + j) + "] = " +
+                                  std::to_string(e) + " is outside [0, " + std::to_string(E) + ")");
+    if (e >= s && e < s + e_loc) local[f] = e - s;
   }
-  for (int l = 0; l < e_loc; ++l) ix.offsets[l + 1] = ix.offsets[l] + ix.counts[l];
-  ix.sorted_pair.assign(ix.offsets[e_loc], -1);
+  Index ix;
+  ix.counts.assign(e_all, 0);
+  ix.offsets.assign(e_all + 1, 0);
+  ix.pair_pos.assign(M, -1);
+  for (int64_t f = 0; f < M; ++f)
+    if (local[f] >= 0) ix.counts[local[f]]++;
+  for (int l = 0; l < e_all; ++l) ix.offsets[l + 1] = ix.offsets[l] + ix.counts[l];
+  ix.sorted_pair.assign(ix.offsets[e_all], -1);
   std::vector<int> next(ix.offsets.begin(), ix.offsets.end() - 1);
   for (int64_t f = 0; f < M; ++f) {  // ascending f: a stable sort
-    const int e = ids[f];
-    if (e < s || e >= s + e_loc) continue;
-    const int pos = next[e - s]++;
+    if (local[f] < 0) continue;
+    const int pos = next[local[f]]++;
     ix.sorted_pair[pos] = static_cast<int>(f);
     ix.pair_pos[f] = pos;
   }
@@ -254,8 +266,10 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
                 const std::vector<double>& residual) {
   validate(config);
   const int K = config.topk;
+  const int KS = config.pair_slots();  // pairs per token: K routed slots, then the fused shared experts
   const int E = config.experts;
-  const int e_loc = config.local_experts();
+  const int e_loc = config.gemm_experts();  // the routed local experts, then the fused shared ones
+  const int e_routed = config.local_experts();
   const int s = config.first_local_expert();
   const int64_t H = config.hidden;
   const int64_t I = config.local_intermediate();
@@ -276,7 +290,7 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
   if (w8a8) {
     require_size("w13_scale", weights.w13_scale.size(), e_loc * N1);
     require_size("w2_scale", weights.w2_scale.size(), e_loc * H);
-    require_size("input_smooth", weights.input_smooth.size(), static_cast<int64_t>(E) * H);
+    require_size("input_smooth", weights.input_smooth.size(), static_cast<int64_t>(E + config.shared_slots()) * H);
     require_size("act_smooth", weights.act_smooth.size(), e_loc * I);
   }
   const QuantTensorShapes shapes = quant_tensor_shapes(config);
@@ -297,7 +311,7 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
     const int64_t begin = ix.offsets[l];
     const int64_t rows = ix.counts[l];
     if (rows == 0) continue;
-    const int global_e = s + l;
+    const int global_e = l < e_routed ? s + l : E + (l - e_routed);  // a shared expert: E + its slot
     const double* w13 = weights.w13.data() + l * N1 * H;
     const double* w2 = weights.w2.data() + l * H * I;
     if (fp8) {  // from here on the GEMMs see the dequantized weights
@@ -316,7 +330,7 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
     // Stage 3: expand (gather the token rows of this expert).
     a.assign(rows * H, 0.0);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = ix.sorted_pair[begin + r] / K;
+      const int64_t t = ix.sorted_pair[begin + r] / KS;
       for (int64_t h = 0; h < H; ++h) a[r * H + h] = hidden[t * H + h];
     }
 
@@ -388,10 +402,10 @@ Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<doubl
   ex.out.assign(tokens * H, 0.0);
   for (int64_t t = 0; t < tokens; ++t) {
     double* o = ex.out.data() + t * H;
-    for (int j = 0; j < K; ++j) {
-      const int pos = ix.pair_pos[t * K + j];
+    for (int j = 0; j < KS; ++j) {
+      const int pos = ix.pair_pos[t * KS + j];
       if (pos < 0) continue;
-      const double w = topk_weights[t * K + j];
+      const double w = j < K ? topk_weights[t * K + j] : 1.0;  // a fused shared expert weighs 1
       const double* yr = ex.y.data() + static_cast<int64_t>(pos) * H;
       for (int64_t h = 0; h < H; ++h) o[h] += w * yr[h];
     }
@@ -474,7 +488,7 @@ Weights dequantized_fp8(const MoeConfig& config, const Weights& weights) {
   if (!is_fp8(config.quant))
     throw std::invalid_argument("moejit reference: dequantized_fp8 needs quant fp8_block or fp8_tensor, not " +
                                 std::string(to_string(config.quant)));
-  const int e_loc = config.local_experts();
+  const int e_loc = config.gemm_experts();
   const int64_t H = config.hidden, I = config.local_intermediate(), N1 = config.gemm1_rows();
   const QuantTensorShapes shapes = quant_tensor_shapes(config);
   require_size("w13", weights.w13.size(), e_loc * N1 * H);

@@ -25,16 +25,20 @@ Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>
               const std::vector<double>& bias);
 
 // Stage 2 for this rank (config.ep_rank): stable counting sort of the flat pairs by local expert.
+// With fused shared experts (S = shared_slots()), a token has K' = K + S pairs f = t * K' + j
+// (slots j >= K: shared expert j - K, local expert E_loc + j - K on ep_rank 0, not local
+// elsewhere), and E_loc below counts them: E_loc + S.
 struct Index {
   std::vector<int> counts;       // [E_loc]
   std::vector<int> offsets;      // [E_loc + 1]
   std::vector<int> sorted_pair;  // [offsets[E_loc]] position -> flat pair
-  std::vector<int> pair_pos;     // [T*K] flat pair -> position, -1 when the expert is not local
+  std::vector<int> pair_pos;     // [T*K'] flat pair -> position, -1 when the expert is not local
 };
 Index index(const MoeConfig& config, int64_t tokens, const std::vector<int>& ids);
 
 // Weights as the device holds them, widened to double (int8 values as integers for w8a8, e4m3
 // values as the numbers they encode for fp8). The scale shapes are quant_tensor_shapes(config)'s.
+// E_loc and E count the fused shared experts (E_loc + S, E + S): theirs follow the routed experts'.
 struct Weights {
   std::vector<double> w13;           // [E_loc, N1, H] in the config's weight_layout (nk or kn)
   std::vector<double> w2;            // [E_loc, H, I] (nk) or [E_loc, I, H] (kn)
@@ -55,7 +59,7 @@ struct Experts {
                              // (w8a8: after act_smooth, before re-quantization; fp8: before
                              // quantization, the float64 value of the device's act_f32)
   std::vector<double> y;     // [offsets[E_loc], H]: GEMM 2 rows in expert-sorted order
-  std::vector<double> out;   // [T, H]: combine (+ residual)
+  std::vector<double> out;   // [T, H]: combine (+ residual); a fused shared expert's pair weighs 1
 };
 Experts experts(const MoeConfig& config, int64_t tokens, const std::vector<double>& hidden,
                 const std::vector<int>& ids, const std::vector<double>& topk_weights, const Weights& weights,
