@@ -157,6 +157,10 @@ std::string weight_name(const MoeLayerTensors& layer, const std::string& project
   return fmt::format("{}.experts.{}.{}_proj.weight", layer.prefix, e, projection);
 }
 
+std::string shared_weight_name(const MoeLayerTensors& layer, const std::string& projection) {
+  return fmt::format("{}.shared_experts.{}_proj.weight", layer.prefix, projection);
+}
+
 std::string scale_name(const MoeLayerTensors&, const std::string& weight) { return weight + "_scale_inv"; }
 
 std::string bias_name(const std::string& weight) { return weight + "_bias"; }
@@ -200,6 +204,25 @@ std::vector<ExpectedTensor> expected_tensors(const MoeConfig& c, const MoeLayerT
       weight(weight_name(layer, "down", e), {H, I}, fmt::format("expert {}'s down projection", e));
     }
   }
+  if (c.shared_slots() > 0) {
+    // One dense MLP n_shared_experts * moe_intermediate wide (DeepSeek's shared_experts).
+    const int64_t width = c.shared_slots() * I;
+    std::vector<int64_t> rows = {width, H}, cols = {H, width};
+    auto shared = [&](const std::string& projection, const std::vector<int64_t>& shape) {
+      const std::string name = shared_weight_name(layer, projection);
+      add(name, {wdt}, {shape}, fmt::format("the shared experts' {} projection", projection));
+      if (block) {
+        std::vector<int64_t> blocks = shape;
+        for (auto& d : blocks) d = (d + kBlock - 1) / kBlock;
+        add(scale_name(layer, name), {"F32"}, {blocks}, fmt::format("the shared experts' {} fp8 block scales", projection));
+      } else if (tensor) {
+        add(scale_name(layer, name), {"F32"}, {{}, {1}}, fmt::format("the shared experts' {} per-tensor fp8 scale", projection));
+      }
+    };
+    if (c.gated) shared("gate", rows);
+    shared("up", rows);
+    shared("down", cols);
+  }
   if (c.topk_method == TopkMethod::NoauxTc)
     add(correction_bias_name(layer), {"F32", "BF16", "F16"}, {{E}}, "the routing correction bias (topk_method noaux_tc)");
   return out;
@@ -236,7 +259,9 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
     fail("weight_layout kn: checkpoints hold [out, in] (nk) matrices; load with weight_layout nk");
   if (layer.naming == ExpertNaming::Mixtral && !c.gated) fail("w1/w3/w2 experts are gated; the config says gated false");
   const std::string wdt = weight_dtype(c);
+  // The fused shared experts' slices follow the routed experts (local experts e_loc_count..).
   const int64_t E = c.experts, e_loc_count = c.local_experts(), first = c.first_local_expert();
+  const int64_t S = c.shared_slots(), e_all = e_loc_count + S;
   const int64_t H = c.hidden, I = c.moe_intermediate, I_loc = c.local_intermediate(), i0 = c.tp_rank * I_loc;
   const int halves = c.gated ? 2 : 1;
   const size_t es = static_cast<size_t>(dtype_size(wdt));
@@ -246,6 +271,9 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
     fail(fmt::format("gpt-oss experts (interleaved gate and up, with biases) load into a gated layer with "
                      "expert_bias true and quant none; the config says gated {}, expert_bias {}, quant {}",
                      c.gated, c.expert_bias, to_string(c.quant)));
+  if (c.shared_slots() > 0 && (layer.naming == ExpertNaming::Mixtral || gpt_oss))
+    fail(fmt::format("fuse_shared_experts: {} experts have no shared experts to load; set fuse_shared_experts false",
+                     to_string(layer.naming)));
   if (c.expert_bias && !gpt_oss)
     fail("expert_bias: the config adds expert biases, but the layer has none (gpt-oss's gate_up_proj_bias and "
          "down_proj_bias)");
@@ -269,20 +297,20 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
   };
 
   ExpertWeights out;
-  out.w13 = {wdt, {e_loc_count, halves * I_loc, H}, {}};
-  out.w2 = {wdt, {e_loc_count, H, I_loc}, {}};
-  out.w13.bytes.resize(static_cast<size_t>(e_loc_count * halves * I_loc * H) * es);
-  out.w2.bytes.resize(static_cast<size_t>(e_loc_count * H * I_loc) * es);
+  out.w13 = {wdt, {e_all, halves * I_loc, H}, {}};
+  out.w2 = {wdt, {e_all, H, I_loc}, {}};
+  out.w13.bytes.resize(static_cast<size_t>(e_all * halves * I_loc * H) * es);
+  out.w2.bytes.resize(static_cast<size_t>(e_all * H * I_loc) * es);
   const int64_t h_blocks = (H + kBlock - 1) / kBlock, i_blocks = (I + kBlock - 1) / kBlock;
   const int64_t i_loc_blocks = (I_loc + kBlock - 1) / kBlock, w13_blocks = (halves * I_loc + kBlock - 1) / kBlock;
   const int64_t fused_row_blocks = (halves * I + kBlock - 1) / kBlock;
   std::vector<float> w13_scale, w2_scale;
   if (block) {
-    w13_scale.resize(static_cast<size_t>(e_loc_count * w13_blocks * h_blocks));
-    w2_scale.resize(static_cast<size_t>(e_loc_count * h_blocks * i_loc_blocks));
+    w13_scale.resize(static_cast<size_t>(e_all * w13_blocks * h_blocks));
+    w2_scale.resize(static_cast<size_t>(e_all * h_blocks * i_loc_blocks));
   } else if (tensor) {
-    w13_scale.resize(static_cast<size_t>(e_loc_count));
-    w2_scale.resize(static_cast<size_t>(e_loc_count));
+    w13_scale.resize(static_cast<size_t>(e_all));
+    w2_scale.resize(static_cast<size_t>(e_all));
   }
   const std::vector<std::string> projections = c.gated ? std::vector<std::string>{"gate", "up"} : std::vector<std::string>{"up"};
   // Copies `rows` rows of `row_bytes` (from byte `column` of each `pitch`-byte source row) to dst.
@@ -362,17 +390,50 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
       w2_scale[el] = float_at(data(scale_name(layer, down)), 0);
     }
   }
+  // The fused shared experts: slice s is intermediate columns [s * I, (s + 1) * I) of the shared
+  // MLP (S * I wide), of which this rank takes [s * I + i0, s * I + i0 + I_loc). Every rank packs
+  // them (the layer's tensors have E_loc + S experts everywhere); ep_rank 0 computes them.
+  for (int64_t sl = 0; sl < S; ++sl) {
+    const int64_t el = e_loc_count + sl, width = S * I, row0 = sl * I + i0;
+    const int64_t width_blocks = (width + kBlock - 1) / kBlock;
+    unsigned char* w13 = out.w13.bytes.data() + static_cast<size_t>(el * halves * I_loc * H) * es;
+    unsigned char* w2 = out.w2.bytes.data() + static_cast<size_t>(el * H * I_loc) * es;
+    for (int h = 0; h < halves; ++h) {
+      const std::string name = shared_weight_name(layer, projections[h]);
+      std::memcpy(w13 + static_cast<size_t>(h * I_loc * H) * es, data(name) + static_cast<size_t>(row0 * H) * es,
+                  static_cast<size_t>(I_loc * H) * es);
+      if (block)
+        std::memcpy(&w13_scale[static_cast<size_t>((el * w13_blocks + h * I_loc / kBlock) * h_blocks)],
+                    data(scale_name(layer, name)) + (row0 / kBlock) * h_blocks * 4,
+                    static_cast<size_t>(I_loc / kBlock * h_blocks) * 4);
+    }
+    const std::string down = shared_weight_name(layer, "down");
+    copy_rows(w2, data(down), H, I_loc * es, width * es, row0 * es);
+    if (block) {
+      copy_rows(&w2_scale[static_cast<size_t>(el * h_blocks * i_loc_blocks)], data(scale_name(layer, down)), h_blocks,
+                i_loc_blocks * 4, width_blocks * 4, row0 / kBlock * 4);
+    } else if (tensor) {
+      const float gate_scale = float_at(data(scale_name(layer, shared_weight_name(layer, projections.front()))), 0);
+      const float up_scale = float_at(data(scale_name(layer, shared_weight_name(layer, "up"))), 0);
+      if (gate_scale != up_scale)
+        fail(fmt::format("the shared experts' gate and up per-tensor fp8 scales differ ({} and {}); fp8_tensor packs "
+                         "them into one w13 with one scale",
+                         gate_scale, up_scale));
+      w13_scale[el] = gate_scale;
+      w2_scale[el] = float_at(data(scale_name(layer, down)), 0);
+    }
+  }
   auto floats = [](const std::vector<float>& v, std::vector<int64_t> shape) {
     HostTensor t{"F32", std::move(shape), std::vector<unsigned char>(v.size() * 4)};
     std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
     return t;
   };
   if (block) {
-    out.w13_scale = floats(w13_scale, {e_loc_count, w13_blocks, h_blocks});
-    out.w2_scale = floats(w2_scale, {e_loc_count, h_blocks, i_loc_blocks});
+    out.w13_scale = floats(w13_scale, {e_all, w13_blocks, h_blocks});
+    out.w2_scale = floats(w2_scale, {e_all, h_blocks, i_loc_blocks});
   } else if (tensor) {
-    out.w13_scale = floats(w13_scale, {e_loc_count});
-    out.w2_scale = floats(w2_scale, {e_loc_count});
+    out.w13_scale = floats(w13_scale, {e_all});
+    out.w2_scale = floats(w2_scale, {e_all});
   }
   if (gpt_oss) {  // fp32, gate then up of the rank's slice
     const FoundTensor gb = checkpoint.find(bias_name(weight_name(layer, "gate_up")));

@@ -40,6 +40,9 @@ std::vector<MoeLayerTensors> find_moe_layers(const Checkpoint& checkpoint);
 // The weight names of expert e's projection ("gate", "up", "down") in a per-expert layer, or of
 // the layer's fused tensor ("gate_up", "down"; e ignored).
 std::string weight_name(const MoeLayerTensors& layer, const std::string& projection, int e = 0);
+// The weight name of the layer's shared experts' projection ("gate", "up", "down"): DeepSeek's
+// `<layer>.mlp.shared_experts.<p>_proj.weight`, one MLP n_shared_experts * moe_intermediate wide.
+std::string shared_weight_name(const MoeLayerTensors& layer, const std::string& projection);
 // The fp8 scale beside a weight name.
 std::string scale_name(const MoeLayerTensors& layer, const std::string& weight);
 // The expert bias beside a weight name (gpt-oss).
@@ -70,7 +73,8 @@ struct HostTensor {
 };
 
 // What one layer call takes for the config's rank: w13 [E_loc, 2I_loc (I_loc non-gated), H] (gate
-// rows, then up rows), w2 [E_loc, H, I_loc], the local experts from ep_rank * E_loc and the
+// rows, then up rows), w2 [E_loc, H, I_loc] (with fuse_shared_experts, E_loc + S: slice s of the
+// shared experts after the routed experts, on every rank), the local experts from ep_rank * E_loc and the
 // intermediate columns from tp_rank * I_loc; fp8 scales in the layer's shapes; the correction bias
 // [E] as fp32 for noaux_tc; the expert biases (expert_bias) as fp32 w13_bias [E_loc, 2I_loc] (gate,
 // then up) and w2_bias [E_loc, H].

@@ -172,6 +172,63 @@ def test_load_experts_from_python(tmp_path):
         moejit.load_experts(tmp_path, layer, expert_bias=True)
 
 
+def test_fused_shared_experts_load_and_match_the_hf_block(tmp_path, moejit_cli):
+    """fuse_shared_experts: DeepSeek's shared experts (one MLP n_shared_experts * I wide) are packed
+    as n_shared_experts slices after the routed experts, each sliced for the tensor-parallel rank;
+    the fused layer on the loaded tensors is the whole Hugging Face MoE block (routed + shared)."""
+    from conftest import moejit
+
+    model = build_model("deepseek_v3", dtype=torch.bfloat16, n_shared_experts=2)
+    model.save_pretrained(tmp_path)
+    (layer, experts), = experts_of(model).items()
+    block = model.model.layers[layer].mlp
+    E, two_i, H = experts.gate_up_proj.shape
+    I = two_i // 2
+    shared = block.shared_experts
+    assert shared.gate_proj.weight.shape == (2 * I, H)
+    for ep_rank, tp_rank in ((1, 1), (0, 0)):
+        got = moejit.load_experts(tmp_path, layer, ep_size=2, ep_rank=ep_rank, tp_size=2, tp_rank=tp_rank,
+                                  fuse_shared_experts=True)
+        assert got["w13"].shape == (E // 2 + 2, I, H) and got["w2"].shape == (E // 2 + 2, H, I // 2)
+        for s in range(2):
+            rows = slice(s * I + tp_rank * I // 2, s * I + (tp_rank + 1) * I // 2)
+            want13 = torch.cat([shared.gate_proj.weight.detach()[rows], shared.up_proj.weight.detach()[rows]])
+            assert torch.equal(got["w13"][E // 2 + s], want13)
+            assert torch.equal(got["w2"][E // 2 + s], shared.down_proj.weight.detach()[:, rows])
+    # The CLI's dump and inspect see the shared experts too.
+    dump = tmp_path / "dump.safetensors"
+    report = run_cli(moejit_cli, "inspect", "--model", tmp_path, "--layer", layer, "--dump-experts", dump,
+                     "--fuse-shared-experts", "true")
+    assert "shared_experts.gate_proj.weight" in report.stdout
+    assert safetensors_torch.load_file(str(dump))["w13"].shape == (E + 2, 2 * I, H)
+
+    # One rank: the fused layer against the whole HF block (router in fp32, as transformers computes it).
+    got = moejit.load_experts(tmp_path, layer, fuse_shared_experts=True)
+    cfg = moejit.MoeConfig(experts=E, topk=2, num_expert_group=2, topk_group=1, scoring="sigmoid",
+                           topk_method="noaux_tc", renormalize=True, routed_scaling_factor=2.5, hidden=H,
+                           moe_intermediate=I, dtype=torch.bfloat16, router_dtype=torch.float32,
+                           n_shared_experts=2, fuse_shared_experts=True)
+    hidden = torch.randn(1, 9, H, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = block(hidden)
+        want = want[0] if isinstance(want, tuple) else want
+        logits = torch.nn.functional.linear(hidden.view(-1, H).float(), block.gate.weight.float())
+        out = torch.ops.moejit.moe_layer(hidden.view(-1, H), logits, got["w13"], got["w2"],
+                                         got["e_score_correction_bias"], None, None, None, None, None, cfg.to_json())
+    assert rel_error(out, want.view(-1, H)) < 2e-2
+    # Without its shared experts the layer is far from the block: the test sees them.
+    routed_cfg = moejit.MoeConfig(**{**cfg.__dict__, "fuse_shared_experts": False})
+    routed = torch.ops.moejit.moe_layer(hidden.view(-1, H), logits, got["w13"][:E], got["w2"][:E],
+                                        got["e_score_correction_bias"], None, None, None, None, None,
+                                        routed_cfg.to_json())
+    assert rel_error(routed, want.view(-1, H)) > 0.2
+    # Families without shared experts refuse it by name.
+    mixtral = build_model("mixtral", dtype=torch.bfloat16)
+    mixtral.save_pretrained(tmp_path / "mixtral")
+    with pytest.raises(ValueError, match="fuse_shared_experts"):
+        moejit.load_experts(tmp_path / "mixtral", 0, fuse_shared_experts=True)
+
+
 def test_gpt_oss_checkpoint_loads_de_interleaved_with_biases(tmp_path, moejit_cli):
     """A tiny bf16 gpt-oss model saved by transformers (gate_up_proj [E, H, 2I] with gate and up
     interleaved, down_proj [E, I, H], their biases): moejit packs a rank's share into the layer's
