@@ -443,6 +443,13 @@ MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
   // A model routes its tokens, so its own top-k must fit its experts (topk > experts serves only
   // experts-only calls: a caller asks for that with an override). Other faults: validate's messages.
   if (!is_set("topk") && !is_set("experts") && validation_errors(c).empty()) check_routable(c);
+  // Fused shared experts weigh 1 (SPEC.md); these families scale theirs per token by a sigmoid gate.
+  if (c.fuse_shared_experts && (model_type == "qwen2_moe" || model_type == "qwen3_next"))
+    throw InvalidInput(fmt::format(
+        "fuse_shared_experts: {}'s shared expert is scaled per token by shared_expert_gate (a sigmoid), which the "
+        "layer's fused shared experts (weight 1) do not compute; pass its output as residual (fuse_shared_experts "
+        "false)",
+        model_type));
   return c;
 }
 

@@ -54,7 +54,8 @@ struct CallStep {
 constexpr int kMaxCallSteps = 8;
 
 // Up to this many tokens forward() routes and indexes in one single-block launch
-// (route_index.cuh); experts() indexes in one launch whenever T*K <= kPairsPerIndexBlock.
+// (route_index.cuh); experts() indexes in one launch whenever T*K' <= kPairsPerIndexBlock (K' =
+// K + fused shared experts).
 constexpr int64_t kFusedRouteIndexMaxTokens = 32;
 
 // The launches of one call, in order. Computed once per call; no allocation.

@@ -15,8 +15,11 @@ std::string tuning_key(const LayerSpec& spec, const std::string& arch, const std
   key.add("schema", kCacheSchemaVersion);
   key.add("generator", kGeneratorVersion);
   key.add("moejit", kMoejitVersion);
-  // The config's JSON at rank 0 of every group: the form earlier records were keyed by.
-  key.add("config", to_json(at_placement(spec)).dump());
+  // The config's JSON at rank 0 of every group: the form earlier records were keyed by. A field
+  // added since, at its default, is left out, so those records keep their keys.
+  nlohmann::json config = to_json(at_placement(spec));
+  if (!spec.fuse_shared_experts) config.erase("fuse_shared_experts");
+  key.add("config", config.dump());
   key.add("arch", arch);
   key.add("device", device_name);
   return key.digest();

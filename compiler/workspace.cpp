@@ -19,7 +19,8 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 template <typename Add>
 void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
   const int64_t routed_pairs = tokens * c.topk;
-  // Pairs and experts past routing include the fused shared experts (K' slots a token, E_loc + S).
+  // Pairs and experts past routing include the fused shared experts (K' slots a token, E_loc + S);
+  // the descriptions below say K and E_loc for those (K' = K, E_loc + S = E_loc without them).
   const int64_t pairs = tokens * c.pair_slots();
   const int64_t e_loc = c.gemm_experts();
   const int64_t inter = c.local_intermediate();
@@ -31,11 +32,11 @@ void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
   using W = WorkspaceOffsets;
   add("topk_weights", routed_pairs * 4, "[T, K] fp32", &W::topk_weights);
   add("topk_ids", routed_pairs * 4, "[T, K] int32", &W::topk_ids);
-  add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K/1024), E_loc] int32", &W::block_counts);
+  add("block_counts", index_blocks * e_loc * 4, "[ceil(T*K'/1024), E_loc] int32", &W::block_counts);
   add("expert_counts", e_loc * 4, "[E_loc] int32", &W::expert_counts);
   add("expert_offsets", (e_loc + 1) * 4, "[E_loc + 1] int32", &W::expert_offsets);
-  add("sorted_pair", pairs * 4, "[T*K] int32", &W::sorted_pair);
-  add("pair_pos", pairs * 4, "[T*K] int32", &W::pair_pos);
+  add("sorted_pair", pairs * 4, "[T*K'] int32", &W::sorted_pair);
+  add("pair_pos", pairs * 4, "[T*K'] int32", &W::pair_pos);
   add("tile_expert", tiles * 4, "[max_row_tiles] int32", &W::tile_expert);
   add("tile_row", tiles * 4, "[max_row_tiles] int32", &W::tile_row);
   add("num_tiles", 4, "[1] int32", &W::num_tiles);

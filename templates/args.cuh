@@ -14,7 +14,7 @@ struct RouteArgs {
   long long tokens;          // T
 };
 
-// Stage 2: counting sort of the T*K (token, slot) pairs by local expert.
+// Stage 2: counting sort of the T*K' (token, slot) pairs by local expert (K' = K + fused shared experts).
 struct IndexArgs {
   const int* topk_ids;       // [T*K] flat (the routed slots; shared slots are implied)
   long long pairs;           // M = T*K' (K' = K + fused shared experts)
@@ -33,7 +33,7 @@ struct IndexArgs {
                              // their pairs are local experts E_loc.. here, not local elsewhere
 };
 
-// Stages 1 and 2 in one single-block launch (route_index.cuh): T*K <= kPairsPerBlock.
+// Stages 1 and 2 in one single-block launch (route_index.cuh): T*K' <= kPairsPerBlock.
 struct RouteIndexArgs {
   RouteArgs routing;
   IndexArgs index;           // index.topk_ids == routing.topk_ids

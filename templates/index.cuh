@@ -44,6 +44,7 @@ __device__ __forceinline__ int shared_local_expert(const IndexArgs& args, int j)
 // routed experts), the others the fused shared experts (moe_config.h pair_slots).
 template <typename Spec>
 __device__ __forceinline__ int local_expert_of(const IndexArgs& args, long long f, long long end) {
+  static_assert(Spec::kLocalExperts == Spec::kRoutedExperts + Spec::kSharedSlots, "the GEMMs' experts");
   if (f >= end) return -1;
   int id;
   if constexpr (Spec::kSharedSlots == 0) {

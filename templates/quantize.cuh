@@ -128,13 +128,20 @@ __device__ void quantize_rows(const QuantizeArgs& args) {
   const Src* row;
   const float* smooth = nullptr;
   if constexpr (Spec::kGather) {
-    // Pairs f = t * K' + j (K' = kTopk + kSharedSlots); a shared slot's smoothing row is global
-    // expert E + (j - kTopk), after the routed experts' rows of input_smooth.
-    constexpr int SLOTS = Spec::kTopk + Spec::kSharedSlots;
     const int f = args.sorted_pair[p];
-    const int t = f / SLOTS, j = f - t * SLOTS;
+    int t, expert;
+    if constexpr (Spec::kSharedSlots == 0) {
+      t = f / Spec::kTopk;
+      expert = args.topk_ids[f];
+    } else {
+      // Pairs f = t * K' + j (K' = kTopk + kSharedSlots); a shared slot's smoothing row is global
+      // expert E + (j - kTopk), after the routed experts' rows of input_smooth.
+      constexpr int SLOTS = Spec::kTopk + Spec::kSharedSlots;
+      t = f / SLOTS;
+      const int j = f - t * SLOTS;
+      expert = j < Spec::kTopk ? args.topk_ids[t * Spec::kTopk + j] : Spec::kExperts + (j - Spec::kTopk);
+    }
     row = static_cast<const Src*>(args.src) + static_cast<long long>(t) * Spec::kCols;
-    const int expert = j < Spec::kTopk ? args.topk_ids[t * Spec::kTopk + j] : Spec::kExperts + (j - Spec::kTopk);
     smooth = args.smooth + static_cast<long long>(expert) * Spec::kCols;
   } else {
     row = static_cast<const Src*>(args.src) + p * Spec::kCols;

@@ -154,6 +154,24 @@ TEST(HfConfig, Qwen2MoeFieldByField) {
   EXPECT_TRUE(validation_errors(c).empty());
 }
 
+// Fused shared experts weigh 1: DeepSeek's families take the override, the families whose shared
+// expert has a per-token sigmoid gate refuse it by name.
+TEST(HfConfig, FusedSharedExpertsOnlyWhereTheyWeighOne) {
+  const MoeConfig v3 = load_config_file(hf_fixture("deepseek-v3"), {{"fuse_shared_experts", "true"}});
+  EXPECT_TRUE(v3.fuse_shared_experts);
+  EXPECT_EQ(v3.shared_slots(), 1);
+  for (const char* gated : {"qwen2-moe-a2.7b", "qwen3-next-80b-a3b"}) {
+    SCOPED_TRACE(gated);
+    try {
+      load_config_file(hf_fixture(gated), {{"fuse_shared_experts", "true"}});
+      ADD_FAILURE() << "expected InvalidInput";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find("shared_expert_gate"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(load_config_file(hf_fixture(gated)).fuse_shared_experts);
+  }
+}
+
 TEST(HfConfig, FolderPathReadsItsConfigJson) {
   MoeConfig from_folder = load_config_file(fixture("hf/mixtral-8x7b"));
   EXPECT_EQ(from_folder, preset("mixtral-8x7b"));

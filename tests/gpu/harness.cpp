@@ -655,8 +655,9 @@ std::vector<double> GpuRun::rows_of(const char* which, int64_t begin, int64_t en
 
 void download_results(GpuRun& r) {
   const MoeConfig& c = r.config;
-  const int64_t M = r.tokens * c.topk;
-  const int e_loc = c.local_experts();
+  // The routing's [T, K]; the index's pairs and experts count the fused shared experts (K', E_loc + S).
+  const int64_t M = r.tokens * c.topk, pairs = r.tokens * c.pair_slots();
+  const int e_loc = c.gemm_experts();
   r.offsets = workspace_offsets(c, r.tokens);
   r.out.resize(r.out_bytes);
   r.out_buffer.download(r.out.data(), r.out_bytes);
@@ -676,10 +677,10 @@ void download_results(GpuRun& r) {
   r.workspace_buffer.download(r.topk_weights.data(), M * 4, static_cast<size_t>(r.offsets.topk_weights));
   r.counts = ints(r.offsets.expert_counts, e_loc);
   r.expert_offsets = ints(r.offsets.expert_offsets, e_loc + 1);
-  r.sorted_pair = ints(r.offsets.sorted_pair, M);
-  r.pair_pos = ints(r.offsets.pair_pos, M);
+  r.sorted_pair = ints(r.offsets.sorted_pair, pairs);
+  r.pair_pos = ints(r.offsets.pair_pos, pairs);
   const int64_t rows = r.expert_offsets[e_loc];
-  r.rows = rows >= 0 && rows <= M ? rows : -1;
+  r.rows = rows >= 0 && rows <= pairs ? rows : -1;
 }
 
 // Whether the layer's GEMM 1 quantizes its output at this token count (its bucket's tile).
@@ -941,6 +942,10 @@ bool check_untouched(const GpuRun& run, const Problem& p) {
 ReferenceExperts reference_experts(const Problem& p, const std::vector<int64_t>& tokens, const std::vector<int>& ids,
                                    const std::vector<double>& weights, const reference::Weights* full) {
   const MoeConfig& c = p.config;
+  // Its per-pair rows are the routed slots' (K a token); FusedSharedExperts.* checks fused layers.
+  if (c.shared_slots() > 0)
+    throw std::runtime_error("test harness: the per-pair checks do not cover fused shared experts; use "
+                             "check_fused_shared_experts (test_runtime.cpp)");
   const int K = c.topk;
   const int64_t H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
   const int64_t n = static_cast<int64_t>(tokens.size());

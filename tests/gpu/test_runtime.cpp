@@ -3,6 +3,7 @@
 // 65536-token call. Every forward runs on poisoned output and workspace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
@@ -629,6 +630,11 @@ void check_fused_shared_experts(const MoeConfig& c, const std::vector<int64_t>& 
         const reference::Experts want = reference::experts(p.config, T, hidden, run.topk_ids, gpu_weights, weights, residual);
         const std::vector<double> got = decode_all(run);
         EXPECT_LE(reference::relative_error(want.out, got), tol.out);
+        // The index exactly: K' pairs a token, the shared experts' rows after the routed experts'.
+        EXPECT_EQ(run.counts, want.index.counts);
+        EXPECT_EQ(run.pair_pos, want.index.pair_pos);
+        ASSERT_GE(run.sorted_pair.size(), want.index.sorted_pair.size());
+        EXPECT_TRUE(std::equal(want.index.sorted_pair.begin(), want.index.sorted_pair.end(), run.sorted_pair.begin()));
         // The shared experts contribute on rank 0 (a token with no local routed pair still gets them).
         if (rank == 0) {
           const reference::Experts routed_only = reference::experts(
@@ -662,6 +668,7 @@ void check_fused_shared_experts(const MoeConfig& c, const std::vector<int64_t>& 
         // Every byte it reads was written: the same output on other poison.
         GpuRun again = run_forward(*layer, in, T, stream.get(), 0x5A);
         EXPECT_TRUE(again.out == run.out);
+        EXPECT_TRUE(again.pair_pos == run.pair_pos) << "pair_pos not fully written";
         // The experts() entry point on the caller's routing (the reference's), same shared slots.
         std::vector<float> caller_weights(routing.weights.begin(), routing.weights.end());
         GpuRun experts = run_experts(*layer, in, T, routing.ids, caller_weights, stream.get());
