@@ -461,6 +461,23 @@ std::vector<double> transpose_experts(const std::vector<double>& w, int64_t expe
   return t;
 }
 
+// Random weights in c's shapes for its gemm_experts() experts (int8 values and their scales and
+// smoothing for w8a8), drawn in one fixed order.
+Weights random_weights(std::mt19937& rng, const MoeConfig& c) {
+  const bool q = c.quant == Quant::W8A8Int8;
+  const int64_t E = c.gemm_experts(), H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
+  Weights w;
+  w.w13 = random_vector(rng, E * N1 * H, q ? -127 : -1, q ? 127 : 1, q);
+  w.w2 = random_vector(rng, E * H * I, q ? -127 : -1, q ? 127 : 1, q);
+  if (q) {
+    w.w13_scale = random_vector(rng, E * N1, 0.001, 0.01);
+    w.w2_scale = random_vector(rng, E * H, 0.001, 0.01);
+    w.input_smooth = random_vector(rng, (c.experts + c.shared_slots()) * H, 0.5, 2);
+    w.act_smooth = random_vector(rng, E * I, 0.5, 2);
+  }
+  return w;
+}
+
 TEST(ReferenceExperts, KnLayoutEqualsNkOnTransposedWeights) {
   for (Quant quant : {Quant::None, Quant::W8A8Int8}) {
     SCOPED_TRACE(quant == Quant::None ? "unquantized" : "w8a8");
@@ -473,16 +490,7 @@ TEST(ReferenceExperts, KnLayoutEqualsNkOnTransposedWeights) {
     c.quant = quant;
     const int64_t T = 37, H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows(), EL = c.local_experts();
     std::mt19937 rng(1234);
-    bool q = quant == Quant::W8A8Int8;
-    Weights nk;
-    nk.w13 = random_vector(rng, EL * N1 * H, q ? -127 : -1, q ? 127 : 1, q);
-    nk.w2 = random_vector(rng, EL * H * I, q ? -127 : -1, q ? 127 : 1, q);
-    if (q) {
-      nk.w13_scale = random_vector(rng, EL * N1, 0.001, 0.01);
-      nk.w2_scale = random_vector(rng, EL * H, 0.001, 0.01);
-      nk.input_smooth = random_vector(rng, c.experts * H, 0.5, 2);
-      nk.act_smooth = random_vector(rng, EL * I, 0.5, 2);
-    }
+    const Weights nk = random_weights(rng, c);
     std::vector<double> hidden = random_vector(rng, T * H, -1, 1);
     std::vector<double> logits = random_vector(rng, T * c.experts, -2, 2);
     std::vector<double> residual = random_vector(rng, T * H, -1, 1);
@@ -524,15 +532,7 @@ TEST(ReferenceExperts, FusedSharedExpertsAreSlotsOfWeightOneOnRankZero) {
       const int64_t T = 13, H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
       std::mt19937 rng(4321 + rank);
       const bool q = quant == Quant::W8A8Int8;
-      Weights fused;
-      fused.w13 = random_vector(rng, EA * N1 * H, q ? -127 : -1, q ? 127 : 1, q);
-      fused.w2 = random_vector(rng, EA * H * I, q ? -127 : -1, q ? 127 : 1, q);
-      if (q) {
-        fused.w13_scale = random_vector(rng, EA * N1, 0.001, 0.01);
-        fused.w2_scale = random_vector(rng, EA * H, 0.001, 0.01);
-        fused.input_smooth = random_vector(rng, (c.experts + S) * H, 0.5, 2);
-        fused.act_smooth = random_vector(rng, EA * I, 0.5, 2);
-      }
+      const Weights fused = random_weights(rng, c);
       const std::vector<double> hidden = random_vector(rng, T * H, -1, 1);
       const std::vector<double> logits = random_vector(rng, T * c.experts, -2, 2);
       const std::vector<double> residual = random_vector(rng, T * H, -1, 1);

@@ -5,6 +5,7 @@ expert tensors (transformers 5.x holds them fused: gate_up_proj [E, 2I, H], down
 An fp8 block-scaled checkpoint written with the safetensors package checks the scales' slicing.
 """
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -217,7 +218,7 @@ def test_fused_shared_experts_load_and_match_the_hf_block(tmp_path, moejit_cli):
                                          got["e_score_correction_bias"], None, None, None, None, None, cfg.to_json())
     assert rel_error(out, want.view(-1, H)) < 2e-2
     # Without its shared experts the layer is far from the block: the test sees them.
-    routed_cfg = moejit.MoeConfig(**{**cfg.__dict__, "fuse_shared_experts": False})
+    routed_cfg = dataclasses.replace(cfg, fuse_shared_experts=False)
     routed = torch.ops.moejit.moe_layer(hidden.view(-1, H), logits, got["w13"][:E], got["w2"][:E],
                                         got["e_score_correction_bias"], None, None, None, None, None,
                                         routed_cfg.to_json())
