@@ -100,6 +100,9 @@ run_parallel() {  # report name, xml file; stdin: one process a line, "label com
       status=1
       say "-- $label: exit status $rc (124: stopped at the time limit); its failures and reports:"
       grep -B2 -A14 "Failure$\|^\[  FAILED  \]\|^========= [A-Z]" "$dir/$label.log" | head -80 | tee -a "$log"
+      # A process stopped at the time limit prints no failure: the test it was in and the log's end.
+      say "-- $label: last test started: $(grep "^\[ RUN      \]" "$dir/$label.log" | tail -1); the log's last lines:"
+      tail -6 "$dir/$label.log" | tee -a "$log"
     fi
   done <"$dir/exits.txt"
   python3 - "$xml" "$dir"/*.xml <<'PY' || say "$name: no per-process XML report to merge"
