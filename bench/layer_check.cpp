@@ -83,6 +83,13 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
 
   std::vector<double> hidden = uniform(tokens * H, 1.0, rng);
   std::vector<double> logits = uniform(tokens * E, 3.0, rng);
+  // router_gemm: the layer computes the logits from a gate weight; the reference gets their exact
+  // sums (routing near ties aside, what the layer routes on).
+  std::vector<double> gate;
+  if (c.router_gemm) {
+    gate = uniform(E * H, 2.0 / std::sqrt(double(H)), rng);
+    logits = reference::router_logits(c, tokens, hidden, gate);
+  }
   std::vector<double> bias;
   if (c.topk_method == TopkMethod::NoauxTc) bias = uniform(E, 0.1, rng);
   reference::Weights w;
@@ -95,6 +102,7 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
 
   DeviceBuffer d_hidden(to_device_bytes(hidden, c.dtype));
   DeviceBuffer d_logits(to_device_bytes(logits, c.router_dtype));
+  DeviceBuffer d_gate(c.router_gemm ? to_device_bytes(gate, c.dtype) : std::vector<char>{});
   DeviceBuffer d_w13(to_device_bytes(w.w13, c.dtype));
   DeviceBuffer d_w2(to_device_bytes(w.w2, c.dtype));
   std::vector<char> bias_bytes;
@@ -109,7 +117,8 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
 
   LayerInputs in;
   in.hidden = d_hidden.ptr;
-  in.router_logits = d_logits.ptr;
+  in.router_logits = c.router_gemm ? nullptr : d_logits.ptr;
+  in.gate_weight = c.router_gemm ? d_gate.ptr : nullptr;
   in.w13 = d_w13.ptr;
   in.w2 = d_w2.ptr;
   if (!bias.empty()) in.e_score_correction_bias = static_cast<const float*>(d_bias.ptr);

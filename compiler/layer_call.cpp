@@ -10,6 +10,7 @@
 #include "compiler/families/index.h"
 #include "compiler/families/quantize.h"
 #include "compiler/families/route_index.h"
+#include "compiler/families/router_gemm.h"
 #include "compiler/families/routing.h"
 
 namespace moejit {
@@ -29,6 +30,8 @@ Grid grid_of(const LaunchRule& rule, const CallPlan& call) {
     case GridRule::RowTilesByColumns: return {call.row_tiles, ceil_div(rule.columns, rule.per_block)};
     case GridRule::RowTileGroups: return {call.row_tiles * ceil_div(rule.columns, rule.per_block), 1};
     case GridRule::TokensByColumns: return {call.tokens, ceil_div(rule.columns, rule.per_block)};
+    case GridRule::TokenTilesByColumns:
+      return {ceil_div(call.tokens, kRouterTokensPerBlock), ceil_div(rule.columns, rule.per_block)};
   }
   return {1, 1};
 }
@@ -58,6 +61,8 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
     const bool single_block_index = call.pairs <= kPairsPerIndexBlock;
     const bool fused = entry == Entry::Forward ? single_block_index && tokens <= kFusedRouteIndexMaxTokens
                                                : single_block_index;
+    // A router_gemm layer's forward() computes the logits first; routing reads them.
+    if (entry == Entry::Forward && c.router_gemm) add_role(KernelRole::RouterGemm);
     if (fused) {
       add_role(KernelRole::RouteIndex);
     } else {
@@ -81,6 +86,7 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
 
 KernelArgs pack_args(const CallStep& step, const CallContext& context) {
   switch (step.role) {
+    case KernelRole::RouterGemm: return router_gemm_args(context);
     case KernelRole::Routing: return routing_args(context);
     case KernelRole::IndexCount:
     case KernelRole::IndexScatter: return index_args(context);

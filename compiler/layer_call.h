@@ -19,7 +19,8 @@ namespace moejit {
 // I = moe_intermediate / tp_size; N1 = 2I when gated, else I):
 struct LayerInputs {
   const void* hidden = nullptr;          // [T, H] dtype
-  const void* router_logits = nullptr;   // [T, E] router_dtype
+  const void* router_logits = nullptr;   // [T, E] router_dtype; null for router_gemm layers
+  const void* gate_weight = nullptr;     // [E, H] dtype: router_gemm layers only (the router's weight)
   const void* w13 = nullptr;             // [E_loc, N1, H] (layout nk) or [E_loc, H, N1] (kn); int8 for
                                          // w8a8, float8_e4m3fn for fp8
   const void* w2 = nullptr;              // [E_loc, H, I] (nk) or [E_loc, I, H] (kn); int8 / e4m3 as w13
@@ -51,7 +52,7 @@ struct CallStep {
   Grid grid;
 };
 
-constexpr int kMaxCallSteps = 8;
+constexpr int kMaxCallSteps = 10;
 
 // Up to this many tokens forward() routes and indexes in one single-block launch
 // (route_index.cuh); experts() indexes in one launch whenever T*K' <= kPairsPerIndexBlock (K' =
@@ -103,7 +104,8 @@ struct CallContext {
 };
 
 // A kernel's argument struct (templates/args.cuh), by role.
-using KernelArgs = std::variant<RouteArgs, IndexArgs, RouteIndexArgs, QuantizeArgs, GemmArgs, CombineArgs>;
+using KernelArgs =
+    std::variant<RouterGemmArgs, RouteArgs, IndexArgs, RouteIndexArgs, QuantizeArgs, GemmArgs, CombineArgs>;
 
 // The arguments of one launch of `step`, packed by the kernel family that plays its role.
 KernelArgs pack_args(const CallStep& step, const CallContext& context);

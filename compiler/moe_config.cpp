@@ -159,6 +159,8 @@ const std::vector<Field>& fields() {
             [](MoeConfig& c, std::string_view v) { c.expert_bias = parse_bool("expert_bias", v); }},
       MOEJIT_ENUM_FIELD(dtype, kDType, parse_dtype("dtype", v)),
       MOEJIT_ENUM_FIELD(router_dtype, kDType, parse_dtype("router_dtype", v)),
+      Field{"router_gemm", false, [](const MoeConfig& c) { return std::string(c.router_gemm ? "true" : "false"); },
+            [](MoeConfig& c, std::string_view v) { c.router_gemm = parse_bool("router_gemm", v); }},
       Field{"quant", false, [](const MoeConfig& c) { return std::string(kQuant.name(c.quant)); },
             [](MoeConfig& c, std::string_view v) { c.quant = parse_enum(kQuant, "quant", v); }},
       MOEJIT_INT_FIELD(ep_size, parse_int32),

@@ -64,6 +64,10 @@ struct LayerSpec {
                                  // to each expert's output before the combine (gpt-oss)
   DType dtype = DType::BF16;     // hidden, weights (unquantized), output
   DType router_dtype = DType::BF16;  // router logits: dtype or fp32
+  bool router_gemm = false;      // the layer computes the router logits itself from gate_weight [E, H]
+                                 // (dtype): logits = hidden @ gate_weight^T, fp32 accumulation,
+                                 // rounded to router_dtype (SPEC.md "Router GEMM"); else the
+                                 // caller passes router_logits
   Quant quant = Quant::None;
   int ep_size = 1;
   int tp_size = 1;

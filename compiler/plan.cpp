@@ -1,3 +1,4 @@
+#include "compiler/families/router_gemm.h"
 #include "compiler/plan.h"
 
 #include <algorithm>
@@ -40,6 +41,7 @@ std::string_view to_string(KernelRole role) {
     case KernelRole::IndexCount: return "index_count";
     case KernelRole::IndexScatter: return "index_scatter";
     case KernelRole::RouteIndex: return "route_index";
+    case KernelRole::RouterGemm: return "router_gemm";
     case KernelRole::QuantizeExpand: return "quantize_expand";
     case KernelRole::QuantizeAct: return "quantize_act";
     case KernelRole::Gemm1: return "gemm1";
@@ -62,6 +64,10 @@ std::string_view to_string(GridRule rule) {
     case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";
     case GridRule::RowTileGroups: return "max_row_tiles(T) * ceil(N / per_block) blocks, grouped";
     case GridRule::TokensByColumns: return "(T, ceil(H / per_block)) blocks";
+    case GridRule::TokenTilesByColumns: {
+      static const std::string text = fmt::format("(ceil(T / {}), ceil(E / per_block)) blocks", kRouterTokensPerBlock);
+      return text;
+    }
   }
   return "?";
 }

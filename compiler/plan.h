@@ -26,6 +26,7 @@ enum class KernelRole {
   IndexCount,      // stage 2, first kernel: per-block expert counts
   IndexScatter,    // stage 2, second kernel: offsets, positions, tile schedule
   RouteIndex,      // stages 1 and 2 in one single-block launch (small batches)
+  RouterGemm,      // stage 1's router GEMM (router_gemm layers): logits from the gate weight
   QuantizeExpand,  // quantized stage 3: w8a8 gathers, smooths, quantizes hidden rows; fp8
                    // quantizes each token's row (GEMM 1 gathers)
   QuantizeAct,     // quantized: re-quantize GEMM 1's fp32 output for GEMM 2
@@ -45,6 +46,7 @@ enum class GridRule {
   RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (SIMT grouped GEMMs)
   RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
   TokensByColumns,    // (T, ceil(H / per_block)) blocks (combine)
+  TokenTilesByColumns,  // (ceil(T / kRouterTokensPerBlock), ceil(E / per_block)) blocks (router GEMM)
 };
 std::string_view to_string(GridRule rule);
 

@@ -11,6 +11,7 @@
 #include "compiler/families/index.h"
 #include "compiler/families/quantize.h"
 #include "compiler/families/route_index.h"
+#include "compiler/families/router_gemm.h"
 #include "compiler/families/routing.h"
 #include "compiler/families/spec_text.h"
 #include "compiler/workspace.h"
@@ -58,6 +59,7 @@ Plan make_plan(const LayerSpec& spec, const std::string& arch, const std::vector
   plan.buckets = plan_buckets(spec, arch);
   apply_overrides(spec, arch, overrides, plan.buckets);
   // Stage order; each bucket's GEMMs once per distinct tiling.
+  if (spec.router_gemm) plan.kernels.push_back(router_gemm_kernel(spec));
   plan.kernels.push_back(routing_kernel(spec));
   for (auto& k : index_kernels(spec)) plan.kernels.push_back(std::move(k));
   plan.kernels.push_back(route_index_kernel(spec));

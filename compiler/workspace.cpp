@@ -60,6 +60,10 @@ void visit_workspace(const LayerSpec& c, int64_t tokens, Add&& add) {
     add("act", pairs * inter * elem, "[T*K, I] model dtype", &W::act);
   }
   add("y", pairs * c.hidden * elem, "[T*K, H] model dtype", &W::y);
+  // Last, so that a layer without the router GEMM keeps the offsets it had.
+  if (c.router_gemm)
+    add("router_logits", tokens * c.experts * dtype_bytes(c.router_dtype), "[T, E] router_dtype",
+        &W::router_logits);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ struct WorkspaceOffsets {
   int64_t topk_weights = -1, topk_ids = -1, block_counts = -1, expert_counts = -1, expert_offsets = -1,
           sorted_pair = -1, pair_pos = -1, tile_expert = -1, tile_row = -1, num_tiles = -1;
   int64_t act = -1, y = -1;                                               // unquantized act; y always
+  int64_t router_logits = -1;                                             // router_gemm
   int64_t a_q = -1, a_scale = -1, act_f32 = -1, act_q = -1, act_scale = -1;  // w8a8, fp8
   int64_t total_bytes = 0;
 };

@@ -78,6 +78,7 @@ moejit::LayerInputs layer_inputs(const moejit_inputs& inputs) {
   moejit::LayerInputs in;
   in.hidden = inputs.hidden;
   in.router_logits = inputs.router_logits;
+  in.gate_weight = inputs.gate_weight;
   in.w13 = inputs.w13;
   in.w2 = inputs.w2;
   in.e_score_correction_bias = inputs.e_score_correction_bias;

@@ -78,13 +78,15 @@ class JitLayer final : public Layer {
 
   void forward(void* stream, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
                size_t workspace_size) const override {
-    check_routing_arguments(config_, tokens, in.router_logits, in.e_score_correction_bias);
+    check_forward_routing_arguments(config_, tokens, in);
     const WorkspaceOffsets offsets = check_expert_arguments(config_, tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
     const CallPlan call = plan_call(loaded_->plan(), Entry::Forward, tokens);
     CallBuffers b = expert_buffers(call, offsets, in, output, workspace);
     b.topk_weights = b.at<float>(b.offsets.topk_weights);
     b.topk_ids = b.at<int>(b.offsets.topk_ids);
+    // The router GEMM's logits, which the routing launch after it reads.
+    if (config_.router_gemm) b.in.router_logits = b.at<void>(b.offsets.router_logits);
     run(stream, call, b);
   }
 

@@ -37,6 +37,25 @@ void check_routing_arguments(const LayerSpec& c, int64_t tokens, const void* log
   if (c.topk_method == TopkMethod::NoauxTc) check_pointer(bias, "e_score_correction_bias", 4);
 }
 
+void check_forward_routing_arguments(const LayerSpec& c, int64_t tokens, const LayerInputs& in) {
+  if (!c.router_gemm) {
+    if (in.gate_weight)
+      throw InvalidInput(
+          "gate_weight: given, but this layer takes the caller's router_logits (router_gemm false); pass router_logits, "
+          "or create the layer with router_gemm true");
+    check_routing_arguments(c, tokens, in.router_logits, in.e_score_correction_bias);
+    return;
+  }
+  if (in.router_logits)
+    throw InvalidInput(
+        "router_logits: given, but this layer computes its router logits from gate_weight (router_gemm true); pass "
+        "gate_weight [E, H] and no router_logits");
+  check_routable(c);
+  check_tokens(c, tokens);
+  check_pointer(in.gate_weight, "gate_weight", 16);
+  if (c.topk_method == TopkMethod::NoauxTc) check_pointer(in.e_score_correction_bias, "e_score_correction_bias", 4);
+}
+
 WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, const LayerInputs& in,
                                         const void* output, const void* workspace, size_t workspace_size) {
   check_tokens(c, tokens);

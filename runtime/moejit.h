@@ -37,6 +37,9 @@ typedef struct moejit_inputs {
   const void* residual;
   const float* w13_bias;
   const float* w2_bias;
+  /* router_gemm layers: the router's weight [E, H] (dtype), from which moejit_layer_forward
+   * computes the logits; router_logits is then NULL (moejit_layer_route still takes logits). */
+  const void* gate_weight;
 } moejit_inputs;
 
 /* config: a preset name ("deepseek-v3"), a path to a config file or model folder, or a JSON text

@@ -14,6 +14,14 @@ struct RouteArgs {
   long long tokens;          // T
 };
 
+// Stage 1's router GEMM (router_gemm layers, router_gemm.cuh): logits = hidden @ gate_weight^T.
+struct RouterGemmArgs {
+  const void* hidden;        // [T, H], dtype RouterGemmSpec::Input
+  const void* gate_weight;   // [E, H], the same dtype
+  void* logits;              // [T, E], dtype RouterGemmSpec::Logit (the workspace's router_logits)
+  long long tokens;          // T
+};
+
 // Stage 2: counting sort of the T*K' (token, slot) pairs by local expert (K' = K + fused shared experts).
 struct IndexArgs {
   const int* topk_ids;       // [T*K] flat (the routed slots; shared slots are implied)

@@ -58,6 +58,9 @@ std::string unsupported_capability(const MoeConfig& c) {
   if (c.fuse_shared_experts)
     return "fuse_shared_experts (the shared experts computed in the layer): not built for Iluvatar devices; pass "
            "the shared experts' output as residual (fuse_shared_experts false)";
+  if (c.router_gemm)
+    return "router_gemm (the router GEMM computed in the layer): not built for Iluvatar devices; pass router_logits "
+           "(router_gemm false)";
   if (c.ep_size > 1)
     return fmt::format(
         "expert parallel (ep_size {}): moejit does not pass expert ranges to moe_compute_token_index_api (whether "

@@ -46,6 +46,65 @@ TEST(LayerCall, ForwardFusesRoutingAndIndexForSmallBatches) {
   EXPECT_EQ(plan_call(mixtral, Entry::Forward, 33).count, 6);
 }
 
+// The router GEMM comes first in forward() only: route() takes the caller's logits, experts() the
+// caller's routing. Its grid: token tiles of 8 by blocks of experts.
+TEST(LayerCall, RouterGemmLeadsForward) {
+  MoeConfig c = preset("deepseek-v3");  // 256 experts: 2 a block
+  c.router_gemm = true;
+  const Plan plan = make_plan(c, "sm_90a");
+  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 1)),
+            (std::vector{R::RouterGemm, R::RouteIndex, R::Gemm1, R::Gemm2, R::Combine}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Forward, 33)), (std::vector{R::RouterGemm, R::Routing, R::IndexCount,
+                                                                     R::IndexScatter, R::Gemm1, R::Gemm2, R::Combine}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Route, 33)), (std::vector{R::Routing}));
+  EXPECT_EQ(roles(plan_call(plan, Entry::Experts, 1)), (std::vector{R::RouteIndex, R::Gemm1, R::Gemm2, R::Combine}));
+  for (int64_t T : {1, 8, 9, 4099}) {
+    const CallStep step = plan_call(plan, Entry::Forward, T).steps[0];
+    EXPECT_EQ(step.grid.x, (T + 7) / 8) << T;
+    EXPECT_EQ(step.grid.y, 128) << T;
+  }
+  // Every launch of the longest call fits: the router GEMM, three routing/index launches, two
+  // quantizations, two GEMMs and the combine.
+  c.quant = Quant::W8A8Int8;
+  EXPECT_EQ(plan_call(make_plan(c, "sm_90a"), Entry::Forward, 4096).count, 9);
+  // Without it, the plan has no router GEMM kernel and forward() starts with routing.
+  EXPECT_EQ(make_plan(preset("deepseek-v3"), "sm_90a").kernel_index(R::RouterGemm), -1);
+}
+
+// The router GEMM reads hidden and the gate weight and writes the workspace's logits, which the
+// routing after it reads.
+TEST(LayerCall, RouterGemmWritesTheLogitsRoutingReads) {
+  MoeConfig c = preset("mixtral-8x7b");
+  c.router_gemm = true;
+  const Plan plan = make_plan(c, "sm_90a");
+  alignas(256) static char workspace[1 << 20];
+  int scratch[4] = {};
+  for (int64_t T : {3, 100}) {
+    CallBuffers b;
+    b.in.hidden = &scratch[0];
+    b.in.gate_weight = &scratch[1];
+    b.workspace = workspace;
+    b.offsets = workspace_offsets(c, T);
+    ASSERT_GE(b.offsets.router_logits, 0);
+    b.in.router_logits = workspace + b.offsets.router_logits;  // what forward() sets
+    const CallPlan call = plan_call(plan, Entry::Forward, T);
+    const CallContext context{c, c.placement(), call, b};
+    const auto gemm = std::get<RouterGemmArgs>(pack_args(call.steps[0], context));
+    EXPECT_EQ(gemm.hidden, b.in.hidden);
+    EXPECT_EQ(gemm.gate_weight, b.in.gate_weight);
+    EXPECT_EQ(gemm.logits, workspace + b.offsets.router_logits);
+    EXPECT_EQ(gemm.tokens, T);
+    const KernelArgs routing = pack_args(call.steps[1], context);
+    const RouteArgs route = T <= 32 ? std::get<RouteIndexArgs>(routing).routing : std::get<RouteArgs>(routing);
+    EXPECT_EQ(route.logits, gemm.logits) << T;
+  }
+  // The logits buffer is the layout's last, [T, E] in router_dtype, and only router_gemm layers have it.
+  const WorkspaceLayout layout = plan_workspace(c, 5);
+  EXPECT_EQ(layout.buffers.back().name, "router_logits");
+  EXPECT_EQ(layout.buffers.back().bytes, 5 * 8 * 2);
+  EXPECT_EQ(workspace_offsets(preset("mixtral-8x7b"), 5).router_logits, -1);
+}
+
 TEST(LayerCall, QuantizedLayersAddTheirQuantizations) {
   for (Quant q : {Quant::W8A8Int8, Quant::Fp8Block, Quant::Fp8Tensor}) {
     MoeConfig c = preset("glm-4.5-air");

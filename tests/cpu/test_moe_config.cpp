@@ -79,6 +79,10 @@ TEST(MoeConfig, SwigluOaiAndExpertBiasRules) {
   c.expert_bias = false;
   EXPECT_EQ(config_from_json(to_json(c)), c);
   EXPECT_TRUE(to_json(c).at("expert_bias").is_boolean());
+  c.router_gemm = true;
+  EXPECT_EQ(config_from_json(to_json(c)), c);
+  EXPECT_TRUE(to_json(c).at("router_gemm").is_boolean());
+  c.router_gemm = false;
   set_field(c, "activation", "swigluoai");
   set_field(c, "expert_bias", "true");
   set_field(c, "swiglu_limit", "5");

@@ -22,6 +22,7 @@ struct Case {
   std::string arch;
   Quant quant = Quant::None;
   bool fuse_shared = false;  // the preset's shared experts computed in the layer
+  bool router_gemm = false;  // the router GEMM computed in the layer
 };
 
 // ptxas -v reports "N bytes stack frame, N bytes spill stores": no kernel may use local memory (a
@@ -39,6 +40,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
   std::string name = info.param.preset + "_" + info.param.arch;
   if (info.param.quant != Quant::None) name += "_" + std::string(to_string(info.param.quant));
   if (info.param.fuse_shared) name += "_fused_shared";
+  if (info.param.router_gemm) name += "_router_gemm";
   for (char& c : name)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   return name;
@@ -62,6 +64,11 @@ std::vector<Case> cases() {
   out.push_back({"deepseek-v2-lite", "sm_80", Quant::None, true});
   out.push_back({"deepseek-v2-lite", "sm_90a", Quant::W8A8Int8, true});
   out.push_back({"glm-4.5-air", "sm_90a", Quant::Fp8Block, true});
+  // The router GEMM: bf16 in, fp32 logits (DeepSeek-V3), bf16 logits (Mixtral), fp16 with int8
+  // experts (Qwen3's 128 experts: one expert a block).
+  out.push_back({"deepseek-v3", "sm_90a", Quant::None, false, true});
+  out.push_back({"mixtral-8x7b", "sm_80", Quant::None, false, true});
+  out.push_back({"qwen3-30b-a3b", "sm_90a", Quant::W8A8Int8, false, true});
   return out;
 }
 
@@ -71,6 +78,7 @@ TEST_P(EveryPreset, EveryUnitCompilesToCubinWithItsEntryPoints) {
   MoeConfig config = preset(GetParam().preset);
   config.quant = GetParam().quant;
   config.fuse_shared_experts = GetParam().fuse_shared;
+  config.router_gemm = GetParam().router_gemm;
   Plan plan = make_plan(config, GetParam().arch);
   KernelSource source = generate(plan);
   CompileOptions options = compile_options_for(GetParam().arch);

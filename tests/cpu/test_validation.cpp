@@ -168,6 +168,8 @@ const std::vector<InvalidRow>& invalid_rows() {
                     "the grouped GEMMs"},
       {"fuse_shared_experts not a boolean", "", set("fuse_shared_experts", "maybe"), S::SetField,
        "fuse_shared_experts: 'maybe' is not allowed; allowed values: true, false"},
+      {"router_gemm not a boolean", "", set("router_gemm", "1.5"), S::SetField,
+       "router_gemm: '1.5' is not allowed; allowed values: true, false"},
       // quantization
       {"int8 quantization of fp32 activations", "", [](MoeConfig& c) {
          c.dtype = DType::FP32;

@@ -527,7 +527,8 @@ reference::Weights reference_weights(const Problem& p) {
 LayerInputs DeviceInputs::inputs() const {
   LayerInputs in;
   in.hidden = hidden.get();
-  in.router_logits = logits.get();
+  in.router_logits = gate_weight.get() ? nullptr : logits.get();
+  in.gate_weight = gate_weight.get();
   in.w13 = w13.get();
   in.w2 = w2.get();
   in.e_score_correction_bias = bias.as<float>();
@@ -548,6 +549,12 @@ DeviceBuffer upload_bytes(const void* src, size_t bytes) {
   b.upload(src, bytes);
   return b;
 }
+
+}  // namespace
+
+DeviceBuffer upload_tensor(const HostTensor& t) { return upload_bytes(t.bytes.data(), t.bytes.size()); }
+
+namespace {
 
 // One rank's slice of a per-expert tensor, generated expert by expert on every host core.
 DeviceBuffer upload_weight(const Problem& p, Tensor t) {

@@ -135,8 +135,12 @@ reference::Weights reference_weights(const Problem& p);
 // Device side.
 struct DeviceInputs {
   DeviceBuffer hidden, logits, residual, bias, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias;
+  // router_gemm layers: the gate weight [E, H]; when set, inputs() passes it and no router_logits.
+  DeviceBuffer gate_weight;
   LayerInputs inputs() const;
 };
+// A host tensor's bytes in a new device buffer.
+DeviceBuffer upload_tensor(const HostTensor& t);
 DeviceInputs upload(const Problem& p);
 // Copies hidden, logits and residual into the existing buffers (same addresses), on `stream`.
 void upload_activations(const Problem& p, DeviceInputs& d, cudaStream_t stream);

@@ -217,6 +217,7 @@ TEST(IluLayer, RefusesWhatIxformerCannotComputeByName) {
       {"dtype fp32", [](MoeConfig& c) { c.dtype = c.router_dtype = DType::FP32; }},
       {"weight_layout kn", [](MoeConfig& c) { c.weight_layout = WeightLayout::KN; }},
       {"expert_bias", [](MoeConfig& c) { c.expert_bias = true; }},
+      {"router_gemm", [](MoeConfig& c) { c.router_gemm = true; }},
   };
   for (const auto& r : refusals) {
     SCOPED_TRACE(r.what);

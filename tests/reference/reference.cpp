@@ -424,6 +424,21 @@ Layer layer(const MoeConfig& config, int64_t tokens, const std::vector<double>& 
   return out;
 }
 
+std::vector<double> router_logits(const MoeConfig& c, int64_t tokens, const std::vector<double>& hidden,
+                                  const std::vector<double>& gate_weight) {
+  const int64_t H = c.hidden, E = c.experts;
+  if (static_cast<int64_t>(hidden.size()) != tokens * H || static_cast<int64_t>(gate_weight.size()) != E * H)
+    throw std::invalid_argument("reference::router_logits: hidden must be [T, H] and gate_weight [E, H]");
+  std::vector<double> logits(static_cast<size_t>(tokens * E));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      double sum = 0.0;
+      for (int64_t h = 0; h < H; ++h) sum += hidden[t * H + h] * gate_weight[e * H + h];
+      logits[t * E + e] = sum;
+    }
+  return logits;
+}
+
 double relative_error(const std::vector<double>& ref, const std::vector<double>& got) {
   if (ref.size() != got.size())
     throw std::invalid_argument("moejit reference: relative_error of sizes " + std::to_string(ref.size()) +
