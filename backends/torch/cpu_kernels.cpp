@@ -201,9 +201,28 @@ at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logi
                          const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias) {
   const MoeConfig& c = parse_config(config);
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  check_router_input(c, false);
   TORCH_CHECK_VALUE(router_logits.dim() == 2 && router_logits.size(0) == hidden.size(0), "moejit: router_logits has ",
                     router_logits.sizes(), " but hidden has ", hidden.size(0), " rows");
   auto [weights, ids] = route_cpu(router_logits, bias, config);
+  return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config,
+                     w13_bias, w2_bias);
+}
+
+at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
+                              const at::Tensor& w2, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                              const std::optional<at::Tensor>& input_smooth,
+                              const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
+                              const std::string& config, const std::optional<at::Tensor>& w13_bias,
+                              const std::optional<at::Tensor>& w2_bias) {
+  const MoeConfig& c = parse_config(config);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  check_gate_weight(c, hidden, gate_weight);
+  // SPEC.md "Router GEMM": fp32 sums of the inputs as given, rounded once to router_dtype.
+  const at::Tensor logits =
+      at::matmul(hidden.to(at::kFloat), gate_weight.to(at::kFloat).t()).to(scalar_type(c.router_dtype));
+  auto [weights, ids] = route_cpu(logits, bias, config);
   return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config,
                      w13_bias, w2_bias);
 }

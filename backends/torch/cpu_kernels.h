@@ -23,6 +23,13 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
                           const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias,
                           const std::optional<at::Tensor>& w2_bias);
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias);
+// e_score_correction_bias: [E] fp32, bf16 or fp16, given exactly for noaux_tc, on `device` (`whose` names it).
+void check_correction_bias(const MoeConfig& c, const std::optional<at::Tensor>& bias, const at::Device& device,
+                           const char* whose);
+// moe_layer takes router_logits and moe_layer_gate a gate weight, as the config's router_gemm says.
+void check_router_input(const MoeConfig& c, bool gate_given);
+// gate_weight [E, H] in the model dtype on hidden's device (router_gemm configs).
+void check_gate_weight(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& gate);
 // The callers' tensors in the dtypes the layer takes (checked, then converted on their device):
 // the correction bias and the expert biases fp32 (layer_float32; None stays None), topk_ids int32
 // [tokens, K], topk_weights fp32 [tokens, K].
@@ -36,6 +43,16 @@ at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logi
                          const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
                          const std::optional<at::Tensor>& residual, const std::string& config,
                          const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias);
+
+// The whole layer with its router GEMM (router_gemm): logits = hidden @ gate_weight^T in fp32,
+// rounded to router_dtype, then as moe_layer_cpu.
+at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
+                              const at::Tensor& w2, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                              const std::optional<at::Tensor>& input_smooth,
+                              const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
+                              const std::string& config, const std::optional<at::Tensor>& w13_bias,
+                              const std::optional<at::Tensor>& w2_bias);
 
 std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, const std::optional<at::Tensor>& bias,
                                              const std::string& config);

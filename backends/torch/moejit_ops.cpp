@@ -5,6 +5,8 @@
 //
 //   moejit::moe_layer(hidden, router_logits, w13, w2, bias?, w13_scale?, w2_scale?, input_smooth?,
 //                     act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out   the whole layer
+//   moejit::moe_layer_gate(hidden, gate_weight, w13, w2, ...as moe_layer) -> out  the whole layer with
+//                     its router GEMM (router_gemm configs): logits = hidden @ gate_weight^T
 //   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
 //                   act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out     stages 2-6
@@ -202,15 +204,37 @@ void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const s
   check_routable_config(c);
   TORCH_CHECK_VALUE(logits.dim() == 2, "moejit: router_logits must be [tokens, ", c.experts, "], got ", logits.sizes());
   expect(logits, "router_logits", scalar_type(c.router_dtype), {logits.size(0), c.experts});
+  check_correction_bias(c, bias, logits.device(), "router_logits' device");
+}
+
+void check_correction_bias(const MoeConfig& c, const std::optional<at::Tensor>& bias, const at::Device& device,
+                           const char* whose) {
   const bool floating = !bias.has_value() || bias->scalar_type() == at::kFloat ||
                         bias->scalar_type() == at::kBFloat16 || bias->scalar_type() == at::kHalf;
   TORCH_CHECK_VALUE(floating, "moejit: e_score_correction_bias must be float32, bfloat16 or float16, got ",
                     bias->scalar_type());
   expect_optional(bias, "e_score_correction_bias", bias.has_value() ? bias->scalar_type() : at::kFloat, {c.experts},
                   c.topk_method == TopkMethod::NoauxTc, "for topk_method noaux_tc");
-  TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == logits.device(), "moejit: e_score_correction_bias is on ",
-                    bias.has_value() ? bias->device() : logits.device(), "; it must be on ", logits.device(),
-                    " (router_logits' device)");
+  TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == device, "moejit: e_score_correction_bias is on ",
+                    bias.has_value() ? bias->device() : device, "; it must be on ", device, " (", whose, ")");
+}
+
+// moe_layer takes logits and moe_layer_gate a gate weight, as the config's router_gemm says.
+void check_router_input(const MoeConfig& c, bool gate_given) {
+  TORCH_CHECK_VALUE(c.router_gemm == gate_given, "moejit: ",
+                    c.router_gemm ? "this config has router_gemm true: the layer computes its router logits; call "
+                                    "moejit::moe_layer_gate with the gate weight"
+                                  : "this config has router_gemm false: the layer takes router_logits; call "
+                                    "moejit::moe_layer, or set router_gemm true in the config");
+}
+
+void check_gate_weight(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& gate) {
+  check_router_input(c, true);
+  check_routable_config(c);
+  TORCH_CHECK_VALUE(gate.dim() == 2, "moejit: gate_weight must be [", c.experts, ", ", c.hidden, "], got ", gate.sizes());
+  expect(gate, "gate_weight", scalar_type(c.dtype), {c.experts, c.hidden});
+  TORCH_CHECK_VALUE(gate.device() == hidden.device(), "moejit: gate_weight is on ", gate.device(), "; it must be on ",
+                    hidden.device(), " (hidden's device)");
 }
 
 // What callers have, in the dtypes the layer takes. Each conversion is an ATen kernel on the
@@ -282,6 +306,30 @@ at::Tensor workspace_for(const Layer& layer, int64_t tokens, const at::Device& d
   return at::empty({static_cast<int64_t>(layer.workspace_bytes(tokens))}, at::TensorOptions(device).dtype(at::kByte));
 }
 
+// The whole layer on the device from either the caller's logits or the gate weight (one of them).
+at::Tensor run_moe_layer(ConfigEntry& entry, const at::Tensor& hidden, const at::Tensor* logits,
+                         const at::Tensor* gate_weight, const at::Tensor& w13, const at::Tensor& w2,
+                         const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& w13_scale,
+                         const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
+                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
+                         const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias) {
+  c10::cuda::CUDAGuard guard(hidden.device());
+  const Layer& layer = layer_for(entry, hidden.device());
+  const int64_t tokens = hidden.size(0);
+  at::Tensor out = at::empty_like(hidden);
+  at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
+  const std::optional<at::Tensor> w13_bias32 = layer_float32(w13_bias), w2_bias32 = layer_float32(w2_bias);
+  LayerInputs in =
+      expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
+  in.router_logits = logits ? logits->data_ptr() : nullptr;
+  in.gate_weight = gate_weight ? gate_weight->data_ptr() : nullptr;
+  const std::optional<at::Tensor> bias32 = layer_float32(bias);
+  in.e_score_correction_bias = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  run_layer([&] { layer.forward(stream, tokens, in, out.data_ptr(), workspace.data_ptr(), workspace.numel()); });
+  return out;
+}
+
 at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, const at::Tensor& w13,
                           const at::Tensor& w2, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
@@ -291,23 +339,28 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   ConfigEntry& entry = entry_for(config_json);
   const MoeConfig& c = entry.config;
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  check_router_input(c, false);
   check_routing_tensors(c, logits, bias);
   TORCH_CHECK_VALUE(logits.size(0) == hidden.size(0), "moejit: router_logits has ", logits.size(0),
                     " rows but hidden has ", hidden.size(0));
-  c10::cuda::CUDAGuard guard(hidden.device());
-  const Layer& layer = layer_for(entry, hidden.device());
-  const int64_t tokens = hidden.size(0);
-  at::Tensor out = at::empty_like(hidden);
-  at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
-  const std::optional<at::Tensor> w13_bias32 = layer_float32(w13_bias), w2_bias32 = layer_float32(w2_bias);
-  LayerInputs in =
-      expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
-  in.router_logits = logits.data_ptr();
-  const std::optional<at::Tensor> bias32 = layer_float32(bias);
-  in.e_score_correction_bias = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
-  void* stream = at::cuda::getCurrentCUDAStream().stream();
-  run_layer([&] { layer.forward(stream, tokens, in, out.data_ptr(), workspace.data_ptr(), workspace.numel()); });
-  return out;
+  return run_moe_layer(entry, hidden, &logits, nullptr, w13, w2, bias, w13_scale, w2_scale, input_smooth, act_smooth,
+                       residual, w13_bias, w2_bias);
+}
+
+at::Tensor moe_layer_gate_cuda(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
+                               const at::Tensor& w2, const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                               const std::optional<at::Tensor>& input_smooth,
+                               const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
+                               const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
+                               const std::optional<at::Tensor>& w2_bias) {
+  ConfigEntry& entry = entry_for(config_json);
+  const MoeConfig& c = entry.config;
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  check_gate_weight(c, hidden, gate_weight);
+  check_correction_bias(c, bias, hidden.device(), "hidden's device");
+  return run_moe_layer(entry, hidden, nullptr, &gate_weight, w13, w2, bias, w13_scale, w2_scale, input_smooth,
+                       act_smooth, residual, w13_bias, w2_bias);
 }
 
 std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
@@ -392,8 +445,27 @@ at::Tensor moe_layer_meta(const at::Tensor& hidden, const at::Tensor&, const at:
                           const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
                           const std::optional<at::Tensor>& w2_bias) {
   check_routable_config(parse_config(config_json));
+  check_router_input(parse_config(config_json), false);
   check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
              w2_bias);
+  return at::empty_like(hidden);
+}
+
+at::Tensor moe_layer_gate_meta(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
+                               const at::Tensor& w2, const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                               const std::optional<at::Tensor>& input_smooth,
+                               const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
+                               const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
+                               const std::optional<at::Tensor>& w2_bias) {
+  const MoeConfig& c = parse_config(config_json);
+  check_router_input(c, true);
+  check_routable_config(c);
+  TORCH_CHECK_VALUE(gate_weight.dim() == 2 && gate_weight.sym_size(0) == c.experts &&
+                        gate_weight.sym_size(1) == c.hidden && gate_weight.scalar_type() == scalar_type(c.dtype),
+                    "moejit: gate_weight must be [", c.experts, ", ", c.hidden, "] ", scalar_type(c.dtype), ", got ",
+                    gate_weight.sym_sizes(), " ", gate_weight.scalar_type());
+  check_meta(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
   return at::empty_like(hidden);
 }
 
@@ -424,6 +496,10 @@ TORCH_LIBRARY(moejit, m) {
       "moe_layer(Tensor hidden, Tensor router_logits, Tensor w13, Tensor w2, Tensor? e_score_correction_bias, "
       "Tensor? w13_scale, Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, "
       "str config, Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor");
+  m.def(
+      "moe_layer_gate(Tensor hidden, Tensor gate_weight, Tensor w13, Tensor w2, Tensor? e_score_correction_bias, "
+      "Tensor? w13_scale, Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, "
+      "str config, Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor");
   m.def("route(Tensor router_logits, Tensor? e_score_correction_bias, str config) -> (Tensor, Tensor)");
   m.def(
       "experts(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, Tensor? w13_scale, "
@@ -438,18 +514,21 @@ TORCH_LIBRARY(moejit, m) {
 
 TORCH_LIBRARY_IMPL(moejit, CUDA, m) {
   m.impl("moe_layer", &moejit::torch_ops::moe_layer_cuda);
+  m.impl("moe_layer_gate", &moejit::torch_ops::moe_layer_gate_cuda);
   m.impl("route", &moejit::torch_ops::route_cuda);
   m.impl("experts", &moejit::torch_ops::experts_cuda);
 }
 
 TORCH_LIBRARY_IMPL(moejit, CPU, m) {
   m.impl("moe_layer", &moejit::torch_ops::moe_layer_cpu);
+  m.impl("moe_layer_gate", &moejit::torch_ops::moe_layer_gate_cpu);
   m.impl("route", &moejit::torch_ops::route_cpu);
   m.impl("experts", &moejit::torch_ops::experts_cpu);
 }
 
 TORCH_LIBRARY_IMPL(moejit, Meta, m) {
   m.impl("moe_layer", &moejit::torch_ops::moe_layer_meta);
+  m.impl("moe_layer_gate", &moejit::torch_ops::moe_layer_gate_meta);
   m.impl("route", &moejit::torch_ops::route_meta);
   m.impl("experts", &moejit::torch_ops::experts_meta);
 }

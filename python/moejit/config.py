@@ -79,6 +79,9 @@ class MoeConfig:
     expert_bias: bool = False  # w13_bias [E_loc, N1] and w2_bias [E_loc, H] (gpt-oss)
     dtype: str = "bf16"  # bf16 | fp16 | fp32
     router_dtype: Optional[str] = None  # None: same as dtype
+    # The layer computes its router logits from the gate weight [E, H] (dtype): hidden @ gate^T with
+    # fp32 sums rounded to router_dtype (torch.ops.moejit.moe_layer_gate; MoELayer(gate_weight=...)).
+    router_gemm: bool = False
     quant: str = "none"  # none | w8a8_int8 | fp8_block | fp8_tensor (SPEC.md "Quantized experts")
     ep_size: int = 1
     ep_rank: int = 0

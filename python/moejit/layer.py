@@ -29,6 +29,8 @@ class MoELayer(nn.Module):
     smooths.
 
     forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
+    With config.router_gemm the layer holds the router's gate_weight [E, H] (dtype) and computes the
+    logits itself (SPEC.md "Router GEMM"): forward(hidden, residual=residual), no router_logits.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
     strides, and ValueError for an invalid config. There is no backward.
     """
@@ -37,7 +39,7 @@ class MoELayer(nn.Module):
                  e_score_correction_bias: Optional[torch.Tensor] = None, w13_scale: Optional[torch.Tensor] = None,
                  w2_scale: Optional[torch.Tensor] = None, input_smooth: Optional[torch.Tensor] = None,
                  act_smooth: Optional[torch.Tensor] = None, w13_bias: Optional[torch.Tensor] = None,
-                 w2_bias: Optional[torch.Tensor] = None, device=None):
+                 w2_bias: Optional[torch.Tensor] = None, gate_weight: Optional[torch.Tensor] = None, device=None):
         super().__init__()
         if isinstance(config, str):
             config = MoeConfig.from_json(config)
@@ -74,6 +76,13 @@ class MoELayer(nn.Module):
             self.register_buffer(name, given(t, shape, torch.float32, 1.0)
                                  if name in quant_shapes or t is not None else None)
 
+        # The router's weight: exactly when the layer computes the logits (router_gemm).
+        if gate_weight is not None and not config.router_gemm:
+            raise ValueError("moejit: gate_weight is given, but the config has router_gemm false (the layer takes "
+                             "router_logits); set router_gemm=True to compute the logits in the layer")
+        self.gate_weight = (nn.Parameter(given(gate_weight, (E, H), config.torch_dtype), requires_grad=False)
+                            if config.router_gemm else None)
+
         # Expert biases: exactly when the config has them (the op refuses one it would not add).
         for name, t, shape in (("w13_bias", w13_bias, (E_loc, rows)), ("w2_bias", w2_bias, (E_loc, H))):
             if t is not None and not config.expert_bias:
@@ -83,8 +92,18 @@ class MoELayer(nn.Module):
             self.register_buffer(name, given(t, shape, torch.float32).to(torch.float32)
                                  if config.expert_bias else None)
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.config.router_gemm:
+            if router_logits is not None:
+                raise ValueError("moejit: router_logits given, but this layer computes them from its gate_weight "
+                                 "(router_gemm true); call forward(hidden, residual=...)")
+            return torch.ops.moejit.moe_layer_gate(hidden, self.gate_weight, self.w13, self.w2,
+                                                   self.e_score_correction_bias, self.w13_scale, self.w2_scale,
+                                                   self.input_smooth, self.act_smooth, residual, self._config_json,
+                                                   w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+        if router_logits is None:
+            raise ValueError("moejit: router_logits is required (router_gemm false)")
         return torch.ops.moejit.moe_layer(hidden, router_logits, self.w13, self.w2, self.e_score_correction_bias,
                                           self.w13_scale, self.w2_scale, self.input_smooth, self.act_smooth,
                                           residual, self._config_json, w13_bias=self.w13_bias, w2_bias=self.w2_bias)

@@ -12,7 +12,7 @@ from moejit import MoeConfig, MoELayer
 
 from conftest import TOLERANCE, rel_error
 
-OPS = ("moe_layer", "route", "experts", "compile", "hf_activations")
+OPS = ("moe_layer", "moe_layer_gate", "route", "experts", "compile", "hf_activations")
 
 
 def small_config(**kw):
@@ -271,6 +271,84 @@ def test_fused_shared_experts_are_slots_of_weight_one(ep_rank, dtype, device):
     # The weights' leading dim counts the shared experts: the routed-only shape is refused by name.
     with pytest.raises(ValueError, match="w13"):
         torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"][:4], t["w2"], None, None, None, None, None, j)
+
+
+# --- the router GEMM (router_gemm) -----------------------------------------------------------------
+
+def random_gate(cfg: MoeConfig, device="cpu", seed=11):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(cfg.experts, cfg.hidden, generator=g) * (2 / cfg.hidden ** 0.5)).to(cfg.torch_dtype).to(device)
+
+
+@pytest.mark.parametrize("router_dtype", ["fp32", None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_router_gemm_computes_the_logits(router_dtype, dtype, device):
+    """router_gemm: moe_layer_gate computes logits = hidden @ gate_weight^T (fp32 sums rounded to
+    router_dtype, as nn.Linear and Hugging Face's DeepSeek-V3 router compute them) and runs the
+    layer on them: moe_layer on those logits gives the same output."""
+    cfg = small_config(experts=16, topk=4, hidden=72, moe_intermediate=40, dtype=moejit.config.dtype_name(dtype),
+                       router_dtype=router_dtype, router_gemm=True)
+    t = random_inputs(cfg, tokens=9, device=device, seed=7)
+    gate = random_gate(cfg, device)
+    out = torch.ops.moejit.moe_layer_gate(t["hidden"], gate, t["w13"], t["w2"], None, None, None, None, None, None,
+                                          cfg.to_json())
+    logits = (t["hidden"].float() @ gate.float().t()).to(cfg.router_torch_dtype)
+    plain = dataclasses.replace(cfg, router_gemm=False)
+    want = torch.ops.moejit.moe_layer(t["hidden"], logits, t["w13"], t["w2"], None, None, None, None, None, None,
+                                      plain.to_json())
+    if device == "cpu":
+        assert torch.equal(out, want)
+    elif cfg.router_torch_dtype == torch.float32:
+        # The device's sums run in another order: fp32 logits differ in their last bits, far from
+        # changing a choice between these logits.
+        assert rel_error(out.cpu(), want.double().cpu()) < TOLERANCE[dtype]
+    # The logits matter: the layer on other logits differs.
+    other = torch.ops.moejit.moe_layer(t["hidden"], torch.flip(logits, [1]), t["w13"], t["w2"], None, None, None,
+                                       None, None, None, plain.to_json())
+    assert rel_error(other.cpu(), want.double().cpu()) > 10 * TOLERANCE[dtype]
+
+
+def test_router_gemm_inputs_are_refused_by_name(device):
+    cfg, plain = small_config(router_gemm=True), small_config()
+    t = random_inputs(cfg, device=device)
+    gate = random_gate(cfg, device)
+
+    def gated(g, config):
+        return torch.ops.moejit.moe_layer_gate(t["hidden"], g, t["w13"], t["w2"], None, None, None, None, None, None,
+                                               config.to_json())
+
+    with pytest.raises(ValueError, match="router_gemm true: the layer computes its router logits"):
+        torch.ops.moejit.moe_layer(t["hidden"], t["logits"], t["w13"], t["w2"], None, None, None, None, None, None,
+                                   cfg.to_json())
+    with pytest.raises(ValueError, match="router_gemm false: the layer takes router_logits"):
+        gated(gate, plain)
+    with pytest.raises(ValueError, match="gate_weight"):
+        gated(gate[:, :-1].contiguous(), cfg)
+    with pytest.raises(ValueError, match="gate_weight"):
+        gated(gate.to(torch.bfloat16), cfg)
+
+
+def test_router_gemm_meta_and_layer_module():
+    cfg = small_config(router_gemm=True, router_dtype="fp32", topk=3)
+    meta = dict(device="meta")
+    out = torch.ops.moejit.moe_layer_gate(torch.empty(11, 64, **meta), torch.empty(8, 64, **meta),
+                                          torch.empty(cfg.w13_shape(), **meta), torch.empty(cfg.w2_shape(), **meta),
+                                          None, None, None, None, None, None, cfg.to_json())
+    assert (out.shape, out.device.type) == ((11, 64), "meta")
+    with pytest.raises(ValueError, match="gate_weight"):
+        torch.ops.moejit.moe_layer_gate(torch.empty(11, 64, **meta), torch.empty(8, 63, **meta),
+                                        torch.empty(cfg.w13_shape(), **meta), torch.empty(cfg.w2_shape(), **meta),
+                                        None, None, None, None, None, None, cfg.to_json())
+    t = random_inputs(cfg)
+    gate = random_gate(cfg)
+    layer = MoELayer(cfg, t["w13"], t["w2"], gate_weight=gate)
+    want = torch.ops.moejit.moe_layer_gate(t["hidden"], gate, t["w13"], t["w2"], None, None, None, None, None, None,
+                                           cfg.to_json())
+    assert torch.equal(layer(t["hidden"]), want)
+    with pytest.raises(ValueError, match="router_logits given"):
+        layer(t["hidden"], t["logits"])
+    with pytest.raises(ValueError, match="router_gemm false"):
+        MoELayer(small_config(), t["w13"], t["w2"], gate_weight=gate)
 
 
 def test_fused_shared_experts_need_shared_experts():
