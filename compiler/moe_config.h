@@ -66,7 +66,7 @@ struct LayerSpec {
   DType router_dtype = DType::BF16;  // router logits: dtype or fp32
   bool router_gemm = false;      // the layer computes the router logits itself from gate_weight [E, H]
                                  // (dtype): logits = hidden @ gate_weight^T, fp32 accumulation,
-                                 // rounded to router_dtype (SPEC.md "Router GEMM"); else the
+                                 // rounded to router_dtype (docs/LAYER_MATH.md "Router GEMM"); else the
                                  // caller passes router_logits
   Quant quant = Quant::None;
   int ep_size = 1;
@@ -74,7 +74,7 @@ struct LayerSpec {
   int n_shared_experts = 0;      // the model's shared experts: the caller adds them through
                                  // `residual`, or, with fuse_shared_experts, the layer computes them
   bool fuse_shared_experts = false;  // the layer computes the shared experts in its grouped GEMMs
-                                 // (SPEC.md "Shared experts"): n_shared_experts more slots per
+                                 // (docs/LAYER_MATH.md "Shared experts"): n_shared_experts more slots per
                                  // token (weight 1), their weights after the routed experts' in
                                  // w13/w2; computed on expert-parallel rank 0
   WeightLayout weight_layout = WeightLayout::NK;

@@ -1,4 +1,4 @@
-// Stage 1's router GEMM (router_gemm layers; SPEC.md "Router GEMM"): logits[t][e] =
+// Stage 1's router GEMM (router_gemm layers; docs/LAYER_MATH.md "Router GEMM"): logits[t][e] =
 // sum_h hidden[t][h] * gate_weight[e][h], fp32 accumulation, rounded once to the logit type. The
 // routing kernel (or the fused route-and-index one) launched next reads them.
 //

@@ -219,7 +219,7 @@ at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_w
   const MoeConfig& c = parse_config(config);
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   check_gate_weight(c, hidden, gate_weight);
-  // SPEC.md "Router GEMM": fp32 sums of the inputs as given, rounded once to router_dtype.
+  // docs/LAYER_MATH.md "Router GEMM": fp32 sums of the inputs as given, rounded once to router_dtype.
   const at::Tensor logits =
       at::matmul(hidden.to(at::kFloat), gate_weight.to(at::kFloat).t()).to(scalar_type(c.router_dtype));
   auto [weights, ids] = route_cpu(logits, bias, config);

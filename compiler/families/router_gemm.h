@@ -1,5 +1,6 @@
-// The router GEMM family (templates/router_gemm.cuh, SPEC.md "Router GEMM"): for router_gemm layers,
-// logits = hidden @ gate_weight^T into the workspace, read by the routing kernel launched next.
+// The router GEMM family (templates/router_gemm.cuh, docs/LAYER_MATH.md "Router GEMM"): for
+// router_gemm layers, logits = hidden @ gate_weight^T into the workspace, read by the routing kernel
+// launched next.
 #pragma once
 
 #include "compiler/layer_call.h"

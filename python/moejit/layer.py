@@ -30,7 +30,7 @@ class MoELayer(nn.Module):
 
     forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
     With config.router_gemm the layer holds the router's gate_weight [E, H] (dtype) and computes the
-    logits itself (SPEC.md "Router GEMM"): forward(hidden, residual=residual), no router_logits.
+    logits itself (docs/LAYER_MATH.md "Router GEMM"): forward(hidden, residual=residual), no router_logits.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
     strides, and ValueError for an invalid config. There is no backward.
     """
