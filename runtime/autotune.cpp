@@ -111,7 +111,12 @@ std::vector<TileOverride> bucket_overrides(const TokenBucket& b, const std::pair
 
 }  // namespace
 
-TuneReport autotune(const MoeConfig& config, int device) {
+TuneReport autotune(const MoeConfig& requested, int device) {
+  // A router_gemm layer is timed without its router GEMM, on the random logits below: its GEMM tiles
+  // are the plain layer's (the tuning key leaves router_gemm out), and a constant gate weight would
+  // route every token to the same experts.
+  MoeConfig config = requested;
+  config.router_gemm = false;
   validate(config);
   if (!knobs().tiles.empty())
     throw InvalidInput("MOEJIT_TILES: set; autotune times its own candidates, so unset it for --autotune");
@@ -162,15 +167,9 @@ TuneReport autotune(const MoeConfig& config, int device) {
   const std::string host_logits = random_logits(config.router_dtype, tokens_needed * config.experts, rng);
   check_cuda(d.memcpy_htod(logits.ptr(), host_logits.data(), host_logits.size()), "cuMemcpyHtoD");
 
-  // router_gemm layers compute their logits from a gate weight (the same small constant).
-  DeviceBuffer gate(config.router_gemm ? config.experts * config.hidden * elem : 16);
-  if (config.router_gemm)
-    check_cuda(d.memset_d16(gate.ptr(), small, static_cast<size_t>(config.experts * config.hidden)), "cuMemsetD16");
-
   LayerInputs in;
   in.hidden = hidden.get();
-  in.router_logits = config.router_gemm ? nullptr : logits.get();
-  in.gate_weight = config.router_gemm ? gate.get() : nullptr;
+  in.router_logits = logits.get();
   in.w13 = w13.get();
   in.w2 = w2.get();
   if (config.topk_method == TopkMethod::NoauxTc) in.e_score_correction_bias = static_cast<const float*>(bias.get());

@@ -23,7 +23,9 @@ typedef struct moejit_layer moejit_layer;
  * w13_bias [E_loc, N1], w2_bias [E_loc, H] (fp32): layers with expert_bias (gpt-oss) only.
  * With fuse_shared_experts, E_loc above is E_loc + n_shared_experts (the shared experts after the
  * routed ones) and E in input_smooth is E + n_shared_experts.
- * Zero-initialize the struct (moejit_inputs in = {0};) so that entries added later stay NULL. */
+ * Zero-initialize the struct (moejit_inputs in = {0};) so that entries added later stay NULL.
+ * Entries are only ever appended; a caller built against an older header (or a ctypes mirror of it)
+ * must be rebuilt (or given the new fields), since the library reads the whole struct. */
 typedef struct moejit_inputs {
   const void* hidden;
   const void* router_logits;

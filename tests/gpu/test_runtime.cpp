@@ -789,14 +789,16 @@ void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_cou
   }
   // Both inputs, or neither, are refused by name.
   DeviceBuffer scratch(4096);
-  LayerInputs both;
+  LayerInputs both, neither;
   both.router_logits = scratch.get();
   both.gate_weight = scratch.get();
-  try {
-    layer->forward(stream.get(), 1, both, scratch.get(), scratch.get(), 4096);
-    ADD_FAILURE() << "router_logits with gate_weight was accepted";
-  } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("router_logits: given"), std::string::npos) << e.what();
+  for (const auto& [in, want] : {std::pair{both, "router_logits: given"}, std::pair{neither, "gate_weight: null"}}) {
+    try {
+      layer->forward(stream.get(), 1, in, scratch.get(), scratch.get(), 4096);
+      ADD_FAILURE() << "accepted; expected: " << want;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -823,6 +825,9 @@ INSTANTIATE_TEST_SUITE_P(
                    with_router_gemm(grouped_sigmoid(256, 8, 1096, 96, DType::BF16), DType::FP32)},
         // fp32 with an odd H: the element-by-element path (no 16-byte rows).
         RouterCase{"softmax_fp32_odd_hidden", with_router_gemm(small_config(12, 3, 261, 72, DType::FP32), DType::FP32)},
+        // 257 experts, 2 a block: the last block's second warp pair has no expert; bf16 rows of 132
+        // (not whole 16-byte vectors): the element-by-element path in bf16.
+        RouterCase{"softmax_257_bf16_h132", with_router_gemm(small_config(257, 4, 132, 64, DType::BF16), DType::BF16)},
         // fp16 with int8 experts; H past one chunk.
         RouterCase{"w8a8_fp16", with_router_gemm(
                                     [] {

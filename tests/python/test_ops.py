@@ -302,10 +302,15 @@ def test_router_gemm_computes_the_logits(router_dtype, dtype, device):
         # The device's sums run in another order: fp32 logits differ in their last bits, far from
         # changing a choice between these logits.
         assert rel_error(out.cpu(), want.double().cpu()) < TOLERANCE[dtype]
-    # The logits matter: the layer on other logits differs.
+    else:
+        # bf16 logits: the device's sum may round a logit to the other bf16 neighbour, which can flip
+        # a near tie; most tokens must still match.
+        close = [rel_error(out[i].cpu(), want[i].double().cpu()) < TOLERANCE[dtype] for i in range(9)]
+        assert sum(close) >= 7, close
+    # The logits matter: the layer on other logits differs from this output.
     other = torch.ops.moejit.moe_layer(t["hidden"], torch.flip(logits, [1]), t["w13"], t["w2"], None, None, None,
                                        None, None, None, plain.to_json())
-    assert rel_error(other.cpu(), want.double().cpu()) > 10 * TOLERANCE[dtype]
+    assert rel_error(other.cpu(), out.double().cpu()) > 10 * TOLERANCE[dtype]
 
 
 def test_router_gemm_inputs_are_refused_by_name(device):
