@@ -17,7 +17,6 @@ order, so a bf16 logit may round the other way and flip a near tie: the error is
   python3 bench/router_bench.py --self-test   # a small layer on CPU: exit 1 if fused and separate disagree
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from moebench.presets import PRESETS  # noqa: E402
 from moebench.timing import Device  # noqa: E402
+from moebench.variants import parse_args, profile_kernels, rel_error, write_report  # noqa: E402
 
 import moejit  # noqa: E402
 
@@ -81,22 +81,10 @@ class Variants:
                                           self.plain_json)
 
 
-def rel_error(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def profile_call(fn, x, logits):
     """(kernel launches of one eager call, microseconds in its router kernels: moejit's router GEMM,
     or every kernel that is not moejit's, i.e. torch's casts and GEMM)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn(x, logits)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(x, logits)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = profile_kernels(fn, x, logits)
     router_us = sum(e.device_time for e in kernels
                     if "router_gemm" in e.name or not e.name.startswith("moejit_"))
     return len(kernels), router_us
@@ -134,10 +122,7 @@ def run(args):
                          f"{launches['fused']} / {launches['separate']} / {launches['routed']} | {err:.2e} |")
             print(lines[-1], flush=True)
         del v
-    report = "\n".join(lines)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    write_report(lines, args.out)
     # On CPU both variants run the same fp32 matmul: they must agree. On the GPU the sums' order
     # differs, and a near tie in rounded logits may route one token differently: reported, not failed.
     if args.self_test and worst > 1e-5:
@@ -147,22 +132,8 @@ def run(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"],
-                    choices=sorted(PRESETS))
-    ap.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 256, 4096])
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--calls", type=int, default=10, help="max layer calls captured per CUDA graph (default 10)")
-    ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--min-replays", type=int, default=3)
-    ap.add_argument("--budget-s", type=float, default=2.0, help="timing budget per variant and point, seconds")
-    ap.add_argument("--graph-target-ms", type=float, default=50.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--self-test", action="store_true", help="a small layer on CPU; exit 1 if the variants disagree")
-    ap.add_argument("--out", help="also write the markdown table here")
-    args = ap.parse_args(argv)
-    if args.self_test:
-        args.tokens, args.calls, args.replays, args.min_replays, args.budget_s = [1, 7], 2, 2, 1, 0.1
+    args = parse_args(__doc__.split("\n\n")[0], argv, sorted(PRESETS), ["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"],
+                      [1, 16, 256, 4096])
     return run(args)
 
 

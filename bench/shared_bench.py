@@ -14,7 +14,6 @@ output is checked against the separate one before timing.
   python3 bench/shared_bench.py --self-test   # a small layer on CPU: exit 1 if fused and separate disagree
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -25,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from moebench.presets import PRESETS  # noqa: E402
 from moebench.timing import Device  # noqa: E402
+from moebench.variants import parse_args, profile_kernels, rel_error, write_report  # noqa: E402
 
 import moejit  # noqa: E402
 
@@ -86,21 +86,9 @@ class Variants:
                                           None, None, self.routed_json)
 
 
-def rel_error(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def kernel_launches(fn, x, logits):
     """CUDA kernels one eager call launches (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn(x, logits)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(x, logits)
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return len(profile_kernels(fn, x, logits))
 
 
 def run(args):
@@ -132,10 +120,7 @@ def run(args):
                          f"{launches['fused']} / {launches['separate']} / {launches['routed']} | {err:.2e} |")
             print(lines[-1], flush=True)
         del v
-    report = "\n".join(lines)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    write_report(lines, args.out)
     tolerance = 1e-5 if args.self_test else 2e-2
     if worst > tolerance:
         print(f"shared_bench: fused and separate disagree: relative error {worst:.2e} > {tolerance:g}", file=sys.stderr)
@@ -144,21 +129,8 @@ def run(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--presets", nargs="+", default=["deepseek-v3", "glm-4.5-air"], choices=sorted(SHARED_EXPERTS))
-    ap.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 128, 1024, 4096])
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--calls", type=int, default=10, help="max layer calls captured per CUDA graph (default 10)")
-    ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--min-replays", type=int, default=3)
-    ap.add_argument("--budget-s", type=float, default=2.0, help="timing budget per variant and point, seconds")
-    ap.add_argument("--graph-target-ms", type=float, default=50.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--self-test", action="store_true", help="a small layer on CPU; exit 1 if the variants disagree")
-    ap.add_argument("--out", help="also write the markdown table here")
-    args = ap.parse_args(argv)
-    if args.self_test:
-        args.tokens, args.calls, args.replays, args.min_replays, args.budget_s = [1, 7], 2, 2, 1, 0.1
+    args = parse_args(__doc__.split("\n\n")[0], argv, sorted(SHARED_EXPERTS), ["deepseek-v3", "glm-4.5-air"],
+                      [1, 16, 128, 1024, 4096])
     return run(args)
 
 
