@@ -123,6 +123,19 @@ __device__ __forceinline__ void allow_next_kernel_launch() {
 #endif
 }
 
+// Warp reductions by xor butterfly: every lane gets the same, run-to-run identical result.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 __device__ __forceinline__ unsigned lanemask_lt() {
   unsigned mask;
   asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));

@@ -28,12 +28,6 @@ __device__ __forceinline__ void load_widened(const In* src, float* out) {
   for (int i = 0; i < VEC; ++i) out[i] = to_float(elements[i]);
 }
 
-__device__ __forceinline__ float router_warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 template <typename Spec>
 __device__ void router_logits(const RouterGemmArgs& args) {
   using In = typename Spec::Input;
@@ -105,7 +99,7 @@ __device__ void router_logits(const RouterGemmArgs& args) {
   }
 #pragma unroll
   for (int t = 0; t < TPB; ++t) {
-    const float sum = router_warp_sum(acc[t]);
+    const float sum = warp_sum(acc[t]);
     if (lane == 0) partial[warp][t] = sum;
   }
   __syncthreads();

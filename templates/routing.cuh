@@ -36,18 +36,6 @@ struct BetterOf {
 // The score of a taken or excluded entry: -inf, below every (finite, sanitized) real score.
 __device__ __forceinline__ float taken() { return __int_as_float(0xff800000u); }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // The unsigned max (MAX) or min over the warp, the same in every lane.
 template <bool MAX>
 __device__ __forceinline__ unsigned warp_extreme_u32(unsigned v) {

@@ -30,7 +30,7 @@ KernelPlan router_gemm_kernel(const LayerSpec& c) {
       {"int", "kWarps", std::to_string(kRouterWarps)},
       {"int", "kExpertsPerBlock", std::to_string(experts_per_block)},
       {"int", "kTokensPerBlock", std::to_string(kRouterTokensPerBlock)},
-      {"int", "kChunk", "1024"},
+      {"int", "kChunk", std::to_string(kRouterChunkColumns)},
   };
   k.launch = {GridRule::TokenTilesByColumns, kRouterWarps * 32, experts_per_block, 0, c.experts};
   return k;

@@ -12,6 +12,8 @@ namespace moejit {
 constexpr int kRouterTokensPerBlock = 8;
 // Warps of a router GEMM block.
 constexpr int kRouterWarps = 8;
+// Hidden columns a block stages in shared memory at a time (8 tokens x 1024 bf16: 16 KB).
+constexpr int kRouterChunkColumns = 1024;
 
 // The router GEMM kernel: Spec constants, entry name, and launch rule
 // (ceil(T / kRouterTokensPerBlock), ceil(E / experts per block)) blocks.
