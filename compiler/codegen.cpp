@@ -21,17 +21,20 @@ std::string header_comment(const Plan& plan, const std::string& unit) {
   for (std::string line; std::getline(lines, line);) out += "//   " + line + "\n";
   out += "//\n// Token buckets:\n";
   for (const auto& b : plan.buckets)
-    out += fmt::format("//   {} (T {}): gemm1 {} -> {}, gemm2 {} -> {}\n", b.name(),
+    out += fmt::format("//   {} (T {}): gemm1 {} -> {}, gemm2 {} -> {}{}\n", b.name(),
                        b.max_tokens == INT64_MAX ? fmt::format(">= {}", b.min_tokens)
                                                  : fmt::format("{}..{}", b.min_tokens, b.max_tokens),
                        describe(b.gemm1), plan.kernel_of(b, true).entry, describe(b.gemm2),
-                       plan.kernel_of(b, false).entry);
+                       plan.kernel_of(b, false).entry,
+                       b.router_kernel >= 0 ? ", router -> " + plan.kernels[static_cast<size_t>(b.router_kernel)].entry
+                                            : "");
   out += "//\n// Kernels in this unit:\n";
   for (const auto& k : plan.kernels)
     if (k.unit == unit)
-      out += fmt::format("//   {} ({}, {} threads, grid {}{}{})\n", k.entry, to_string(k.stage), k.launch.threads,
+      out += fmt::format("//   {} ({}, {} threads, grid {}{}{}{})\n", k.entry, to_string(k.stage), k.launch.threads,
                          to_string(k.launch.rule),
                          k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "",
+                         k.launch.token_tile > 0 ? fmt::format(", token_tile {}", k.launch.token_tile) : "",
                          k.launch.shared_bytes > 0 ? fmt::format(", {} bytes dynamic shared", k.launch.shared_bytes)
                                                    : "");
   return out;

@@ -31,7 +31,7 @@ Grid grid_of(const LaunchRule& rule, const CallPlan& call) {
     case GridRule::RowTileGroups: return {call.row_tiles * ceil_div(rule.columns, rule.per_block), 1};
     case GridRule::TokensByColumns: return {call.tokens, ceil_div(rule.columns, rule.per_block)};
     case GridRule::TokenTilesByColumns:
-      return {ceil_div(call.tokens, kRouterTokensPerBlock), ceil_div(rule.columns, rule.per_block)};
+      return {ceil_div(call.tokens, rule.token_tile), ceil_div(rule.columns, rule.per_block)};
   }
   return {1, 1};
 }
@@ -62,7 +62,7 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
     const bool fused = entry == Entry::Forward ? single_block_index && tokens <= kFusedRouteIndexMaxTokens
                                                : single_block_index;
     // A router_gemm layer's forward() computes the logits first; routing reads them.
-    if (entry == Entry::Forward && c.router_gemm) add_role(KernelRole::RouterGemm);
+    if (entry == Entry::Forward && c.router_gemm) add(KernelRole::RouterGemm, call.bucket->router_kernel);
     if (fused) {
       add_role(KernelRole::RouteIndex);
     } else {

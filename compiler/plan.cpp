@@ -64,10 +64,7 @@ std::string_view to_string(GridRule rule) {
     case GridRule::RowTilesByColumns: return "(max_row_tiles(T), ceil(N / per_block)) blocks";
     case GridRule::RowTileGroups: return "max_row_tiles(T) * ceil(N / per_block) blocks, grouped";
     case GridRule::TokensByColumns: return "(T, ceil(H / per_block)) blocks";
-    case GridRule::TokenTilesByColumns: {
-      static const std::string text = fmt::format("(ceil(T / {}), ceil(E / per_block)) blocks", kRouterTokensPerBlock);
-      return text;
-    }
+    case GridRule::TokenTilesByColumns: return "(ceil(T / token_tile), ceil(E / per_block)) blocks";
   }
   return "?";
 }

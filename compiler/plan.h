@@ -46,7 +46,7 @@ enum class GridRule {
   RowTilesByColumns,  // (max_tiles(T), ceil(N / per_block)) blocks (SIMT grouped GEMMs)
   RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
   TokensByColumns,    // (T, ceil(H / per_block)) blocks (combine)
-  TokenTilesByColumns,  // (ceil(T / kRouterTokensPerBlock), ceil(E / per_block)) blocks (router GEMM)
+  TokenTilesByColumns,  // (ceil(T / token_tile), ceil(E / per_block)) blocks (router GEMM)
 };
 std::string_view to_string(GridRule rule);
 
@@ -56,6 +56,7 @@ struct LaunchRule {
   int64_t per_block = 1;  // tokens, pairs or columns per block, as the rule says
   int shared_bytes = 0;   // dynamic shared memory per block
   int64_t columns = 0;    // N (H for the combine) of the rules that tile columns
+  int64_t token_tile = 0; // tokens per block (TokenTilesByColumns)
 };
 
 // One compile-time constant of a kernel's Spec struct, rendered by codegen as
@@ -118,6 +119,7 @@ struct TokenBucket {
                              // expert at this T, except "short" and "prefill", which keep T=4096's
   TileShape gemm1, gemm2;
   int gemm1_kernel = -1, gemm2_kernel = -1;  // indices into Plan::kernels (Plan::kernel_of)
+  int router_kernel = -1;  // router_gemm layers: the bucket's router GEMM kernel (index into Plan::kernels)
 
   std::string_view name() const { return to_string(kind); }
 };
@@ -132,7 +134,8 @@ struct Plan {
   const KernelPlan& kernel(std::string_view entry) const;
   // The GEMM 1 (gemm1) or GEMM 2 kernel of one of this plan's buckets.
   const KernelPlan& kernel_of(const TokenBucket& bucket, bool gemm1) const;
-  // The index in `kernels` of the one kernel playing `role` (not Gemm1/Gemm2: see TokenBucket);
+  // The index in `kernels` of the first kernel playing `role` (not Gemm1/Gemm2/RouterGemm, a kernel
+  // per bucket: see TokenBucket);
   // -1 when the plan has none (the quantize roles of an unquantized layer).
   int kernel_index(KernelRole role) const;
   std::vector<std::string> unit_names() const;  // in first-use order

@@ -59,7 +59,8 @@ Plan make_plan(const LayerSpec& spec, const std::string& arch, const std::vector
   plan.buckets = plan_buckets(spec, arch);
   apply_overrides(spec, arch, overrides, plan.buckets);
   // Stage order; each bucket's GEMMs once per distinct tiling.
-  if (spec.router_gemm) plan.kernels.push_back(router_gemm_kernel(spec));
+  if (spec.router_gemm)
+    for (auto& b : plan.buckets) b.router_kernel = add_once(plan.kernels, router_gemm_kernel(spec, b.kind));
   plan.kernels.push_back(routing_kernel(spec));
   for (auto& k : index_kernels(spec)) plan.kernels.push_back(std::move(k));
   plan.kernels.push_back(route_index_kernel(spec));
@@ -95,14 +96,16 @@ std::string describe(const Plan& plan, const Placement& placement, int64_t max_t
     std::string range = b.max_tokens == std::numeric_limits<int64_t>::max()
                             ? fmt::format("T >= {}", b.min_tokens)
                             : fmt::format("{} <= T <= {}", b.min_tokens, b.max_tokens);
-    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}\n", b.name(), range, describe(b.gemm1),
-                       describe(b.gemm2));
+    out += fmt::format("  {:<8} {:<18} gemm1 tile {}  gemm2 tile {}{}\n", b.name(), range, describe(b.gemm1),
+                       describe(b.gemm2),
+                       b.router_kernel >= 0 ? "  router " + plan.kernels[static_cast<size_t>(b.router_kernel)].entry : "");
   }
   out += "kernels:\n";
   for (const auto& k : plan.kernels)
-    out += fmt::format("  {:<8} {:<8} {}  [{} threads, {}{}{}]\n", to_string(k.stage), k.unit, k.entry,
+    out += fmt::format("  {:<8} {:<8} {}  [{} threads, {}{}{}{}]\n", to_string(k.stage), k.unit, k.entry,
                        k.launch.threads, to_string(k.launch.rule),
                        k.launch.per_block > 1 ? fmt::format(", per_block {}", k.launch.per_block) : "",
+                       k.launch.token_tile > 0 ? fmt::format(", token_tile {}", k.launch.token_tile) : "",
                        k.launch.shared_bytes > 0 ? fmt::format(", {} bytes dynamic shared", k.launch.shared_bytes) : "");
   WorkspaceLayout ws = plan_workspace(c, max_tokens);
   out += fmt::format("workspace for max_tokens {}: {} bytes\n", max_tokens, ws.total_bytes);

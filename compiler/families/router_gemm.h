@@ -1,6 +1,9 @@
 // The router GEMM family (templates/router_gemm.cuh, docs/LAYER_MATH.md "Router GEMM"): for
 // router_gemm layers, logits = hidden @ gate_weight^T into the workspace, read by the routing kernel
-// launched next.
+// launched next. A kernel per token bucket (TokenBucket::router_kernel): the SIMT kernel at decode,
+// which spreads the gate weight over about one block an SM; tensor-core tiles above, which read a
+// block's hidden rows once for many experts (mid: narrow expert tiles, for blocks enough; prefill:
+// wide ones, for fewer rereads of the hidden rows).
 #pragma once
 
 #include "compiler/layer_call.h"
@@ -8,16 +11,24 @@
 
 namespace moejit {
 
-// Tokens of one router GEMM block (its accumulators a lane holds per expert).
+// SIMT kernel: tokens of one block (the accumulators a lane holds per expert), its warps, and the
+// 16-byte gate vectors a lane loads into registers at a time (DeepSeek-V3's share of a row is 7).
 constexpr int kRouterTokensPerBlock = 8;
-// Warps of a router GEMM block.
 constexpr int kRouterWarps = 8;
-// Hidden columns a block stages in shared memory at a time (8 tokens x 1024 bf16: 16 KB).
-constexpr int kRouterChunkColumns = 1024;
+constexpr int kRouterGateVectors = 8;
+// Tensor-core kernel: tokens of one block tile, its pipeline depth, and the widest expert tile
+// (mid buckets) and widest of all (prefill).
+constexpr int kRouterTileTokens = 32;
+constexpr int kRouterTileStages = 4;
+constexpr int kRouterMidExperts = 32;
+constexpr int kRouterPrefillExperts = 128;
 
-// The router GEMM kernel: Spec constants, entry name, and launch rule
-// (ceil(T / kRouterTokensPerBlock), ceil(E / experts per block)) blocks.
-KernelPlan router_gemm_kernel(const LayerSpec& spec);
+// Whether the layer's router GEMM can run on tensor cores: bf16/fp16 and rows of whole 16-byte chunks.
+bool router_tensor_core_eligible(const LayerSpec& spec);
+
+// The router GEMM kernel of a token bucket: Spec constants, entry name, launch rule
+// (ceil(T / token tile), ceil(E / experts per block)) blocks.
+KernelPlan router_gemm_kernel(const LayerSpec& spec, BucketKind bucket);
 
 // Its arguments: the call's hidden and gate weight in, the workspace's router logits out.
 RouterGemmArgs router_gemm_args(const CallContext& context);

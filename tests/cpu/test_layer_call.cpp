@@ -47,7 +47,9 @@ TEST(LayerCall, ForwardFusesRoutingAndIndexForSmallBatches) {
 }
 
 // The router GEMM comes first in forward() only: route() takes the caller's logits, experts() the
-// caller's routing. Its grid: token tiles of 8 by blocks of experts.
+// caller's routing. Its kernel follows the token bucket: the SIMT one at decode (token tiles of 8 by
+// blocks of experts), tensor-core tiles of 32 tokens above (32 experts a tile in the mid bucket, 128
+// in the prefill ones).
 TEST(LayerCall, RouterGemmLeadsForward) {
   MoeConfig c = preset("deepseek-v3");  // 256 experts: 2 a block
   c.router_gemm = true;
@@ -58,11 +60,43 @@ TEST(LayerCall, RouterGemmLeadsForward) {
                                                                      R::IndexScatter, R::Gemm1, R::Gemm2, R::Combine}));
   EXPECT_EQ(roles(plan_call(plan, Entry::Route, 33)), (std::vector{R::Routing}));
   EXPECT_EQ(roles(plan_call(plan, Entry::Experts, 1)), (std::vector{R::RouteIndex, R::Gemm1, R::Gemm2, R::Combine}));
-  for (int64_t T : {1, 8, 9, 4099}) {
-    const CallStep step = plan_call(plan, Entry::Forward, T).steps[0];
-    EXPECT_EQ(step.grid.x, (T + 7) / 8) << T;
-    EXPECT_EQ(step.grid.y, 128) << T;
+  struct Want {
+    int64_t tokens, x, y;
+    const char* entry;
+  };
+  for (const Want& w : {Want{1, 1, 128, "moejit_router_gemm_e256_h7168_bf16_bf16"},
+                        Want{8, 1, 128, "moejit_router_gemm_e256_h7168_bf16_bf16"},
+                        Want{9, 2, 128, "moejit_router_gemm_e256_h7168_bf16_bf16"},
+                        Want{32, 4, 128, "moejit_router_gemm_e256_h7168_bf16_bf16"},
+                        Want{33, 2, 8, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x32"},
+                        Want{512, 16, 8, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x32"},
+                        Want{513, 17, 2, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x128"},
+                        Want{4099, 129, 2, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x128"}}) {
+    const CallStep step = plan_call(plan, Entry::Forward, w.tokens).steps[0];
+    EXPECT_EQ(plan.kernels[static_cast<size_t>(step.kernel)].entry, w.entry) << w.tokens;
+    EXPECT_EQ(step.grid.x, w.x) << w.tokens;
+    EXPECT_EQ(step.grid.y, w.y) << w.tokens;
   }
+  // Three router kernels however many prefill buckets share the wide tile.
+  int router_kernels = 0;
+  for (const auto& k : plan.kernels) router_kernels += k.role == R::RouterGemm;
+  EXPECT_EQ(router_kernels, 3);
+  // Layers the tensor cores cannot take (fp32, or rows not of whole 16-byte chunks) keep the SIMT
+  // kernel at every T.
+  MoeConfig odd = c;
+  odd.hidden = 7164;
+  const Plan simt = make_plan(odd, "sm_90a");
+  for (int64_t T : {1, 100, 5000})
+    EXPECT_EQ(simt.kernels[static_cast<size_t>(plan_call(simt, Entry::Forward, T).steps[0].kernel)].entry,
+              "moejit_router_gemm_e256_h7164_bf16_bf16")
+        << T;
+  // Mixtral's 8 experts: one expert tile of 16 (the smallest), a warp along the experts.
+  MoeConfig mixtral = preset("mixtral-8x7b");
+  mixtral.router_gemm = true;
+  const Plan eight = make_plan(mixtral, "sm_80");
+  const KernelPlan& tiles = eight.kernels[static_cast<size_t>(plan_call(eight, Entry::Forward, 4096).steps[0].kernel)];
+  EXPECT_EQ(tiles.entry, "moejit_router_gemm_mma_e8_h4096_bf16_bf16_32x16");
+  EXPECT_EQ(tiles.launch.threads, 64);
   // Every launch of the longest call fits: the router GEMM, three routing/index launches, two
   // quantizations, two GEMMs and the combine.
   c.quant = Quant::W8A8Int8;

@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "common/knobs.h"
+#include "compiler/planner.h"
 #include "harness.h"
 
 namespace moejit::test {
@@ -715,8 +716,9 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------------------------
 // The router GEMM (router_gemm): forward() computes the logits from the gate weight [E, H] itself.
 // Checked: the logits it leaves in the workspace against the float64 sums (within the router
-// dtype's rounding and fp32 summation), a token's logits bitwise the same at T = 1 (batch
-// invariance: the sum's order does not depend on T or the token's tile), and every later stage
+// dtype's rounding and fp32 summation), a token's logits bitwise the same in the smallest batch of
+// its router kernel (batch invariance: the sum's order does not depend on T or the token's tile
+// within a kernel; the decode kernel and the tensor-core tiles above differ), and every later stage
 // against the float64 reference on those logits (check_run); T = 0 leaves every byte alone; a
 // second run on other poison writes the same bytes.
 MoeConfig with_router_gemm(MoeConfig c, DType router_dtype) {
@@ -741,6 +743,9 @@ void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_cou
   const int64_t E = c.experts, H = c.hidden;
   const Elem logit_elem = elem_of(c.router_dtype);
   const double ulp = c.router_dtype == DType::BF16 ? 0x1p-8 : c.router_dtype == DType::FP16 ? 0x1p-11 : 0x1p-23;
+  // The decode bucket's last T: its router kernel (SIMT) sums in another order than the tensor-core
+  // tiles above it (templates/router_gemm.cuh).
+  const int64_t decode_tokens = make_plan(c, "sm_90a").buckets.front().max_tokens;
   Seeds seeds;
   Stream stream;
   auto layer = Layer::create(c);
@@ -780,12 +785,14 @@ void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_cou
     GpuRun again = run_forward(*layer, in, T, stream.get(), 0x5A);
     EXPECT_TRUE(again.out == run.out);
     EXPECT_TRUE(again.raw(again.offsets.router_logits, logit_bytes.size()) == logit_bytes);
-    // Token 0 alone: bitwise its logits of the whole batch.
-    GpuRun one = run_forward(*layer, in, 1, stream.get());
+    // Token 0 in the smallest batch of T's router kernel (1 at decode, the first T past it above):
+    // bitwise its logits of the whole batch.
+    const int64_t first_tokens = T <= decode_tokens ? 1 : decode_tokens + 1;
+    GpuRun small = run_forward(*layer, in, first_tokens, stream.get());
     const size_t row = static_cast<size_t>(E * elem_bytes(logit_elem));
-    EXPECT_TRUE(one.raw(one.offsets.router_logits, row) ==
+    EXPECT_TRUE(small.raw(small.offsets.router_logits, row) ==
                 std::vector<uint8_t>(logit_bytes.begin(), logit_bytes.begin() + static_cast<ptrdiff_t>(row)))
-        << "token 0's logits differ between T=1 and T=" << T;
+        << "token 0's logits differ between T=" << first_tokens << " and T=" << T;
   }
   // Both inputs, or neither, are refused by name.
   DeviceBuffer scratch(4096);
@@ -811,8 +818,9 @@ class RouterGemm : public ::testing::TestWithParam<RouterCase> {};
 
 TEST_P(RouterGemm, LogitsAndLayerAgainstTheReference) {
   // 1 and 7: one token tile, routing and index in one launch; 9: two tiles, the second partial;
-  // 33 and 300: the separate routing and index launches.
-  check_router_gemm(GetParam().config, {0, 1, 7, 9, 33, 300});
+  // 33 and 300: the separate routing and index launches, the mid bucket's tensor-core tiles (where
+  // the layer can take them); 600: the prefill buckets' wide ones, the last token tile partial.
+  check_router_gemm(GetParam().config, {0, 1, 7, 9, 33, 300, 600});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -838,9 +846,10 @@ INSTANTIATE_TEST_SUITE_P(
                                     DType::FP16)}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Under memcheck and racecheck: the router GEMM's vector and element paths, one and two token tiles.
+// Under memcheck and racecheck: the router GEMM's vector and element paths, one and two token
+// tiles, and both tensor-core tiles with partial token tiles.
 TEST(Sanitize, RouterGemm) {
-  check_router_gemm(with_router_gemm(small_config(16, 4, 264, 136, DType::BF16), DType::BF16), {1, 9});
+  check_router_gemm(with_router_gemm(small_config(16, 4, 264, 136, DType::BF16), DType::BF16), {1, 9, 40, 530});
   check_router_gemm(with_router_gemm(small_config(12, 3, 261, 72, DType::FP32), DType::FP32), {1, 40});
 }
 
