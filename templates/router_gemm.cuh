@@ -7,7 +7,8 @@
 // (blockIdx.y) for kTokensPerBlock tokens (blockIdx.x); kWarps / kExpertsPerBlock warps split each
 // expert's columns. A lane first loads its whole share of the gate row into registers (up to
 // kGateVectors 16-byte vectors at a time), then its tokens' hidden vectors of the same columns,
-// so a step pays the memory latency about once instead of once per column chunk. The planner
+// so a step pays the memory latency about once instead of once per column chunk. (Rows past T
+// are computed on zeros and never stored.) The planner
 // picks kExpertsPerBlock so that about one block an SM streams the gate weight.
 //
 // router_logits_mma (mid and prefill; bf16/fp16, H a multiple of 8): a block tile of kBM tokens x
@@ -74,21 +75,22 @@ __device__ void router_logits_simt(const RouterGemmArgs& args) {
         w[j] = has_expert && v < ROW_VECTORS ? __ldg(reinterpret_cast<const uint4*>(gate + v * VEC))
                                              : make_uint4(0u, 0u, 0u, 0u);
       }
+      // Vector by vector, every token's at once: their loads are independent, so a step's tokens
+      // share one round trip (a token at a time, T = 16 took 2.5x T = 1's time on the H200).
 #pragma unroll
-      for (int t = 0; t < TPB; ++t) {
-        if (t >= rows || !has_expert) continue;
-        uint4 x[BATCH];
+      for (int j = 0; j < BATCH; ++j) {
+        const long long v = first + (b0 + j) * LANES;
+        const bool in_row = has_expert && v < ROW_VECTORS;
+        uint4 x[TPB];
 #pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-          const long long v = first + (b0 + j) * LANES;
-          x[j] = v < ROW_VECTORS ? __ldg(reinterpret_cast<const uint4*>(hidden + t * H + v * VEC))
-                                 : make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int t = 0; t < TPB; ++t)
+          x[t] = in_row && t < rows ? __ldg(reinterpret_cast<const uint4*>(hidden + t * H + v * VEC))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+        if (!in_row) continue;
+        const In* wv = reinterpret_cast<const In*>(&w[j]);
 #pragma unroll
-        for (int j = 0; j < BATCH; ++j) {
-          if (first + (b0 + j) * LANES >= ROW_VECTORS) continue;
-          const In* wv = reinterpret_cast<const In*>(&w[j]);
-          const In* xv = reinterpret_cast<const In*>(&x[j]);
+        for (int t = 0; t < TPB; ++t) {
+          const In* xv = reinterpret_cast<const In*>(&x[t]);
 #pragma unroll
           for (int i = 0; i < VEC; ++i) acc[t] = fmaf(to_float(xv[i]), to_float(wv[i]), acc[t]);
         }
@@ -154,7 +156,9 @@ __device__ void router_logits_mma(const RouterGemmArgs& args) {
     const long long token = token0 + token_rows.row(i);
     token_rows.src[i] = token < args.tokens ? hidden + token * K + token_rows.chunk * 8 : nullptr;
   }
-#pragma unroll
+  // Not unrolled: with up to 16 stages, an unrolled prologue held every stage's addresses at once
+  // (255 registers and spills in the 32 x 32 tile).
+#pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < K_TILES) {
       token_rows.load(a_smem + s * A_STAGE, s);

@@ -1,5 +1,7 @@
 #include "compiler/families/router_gemm.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "compiler/families/spec_text.h"
@@ -42,7 +44,9 @@ KernelPlan mma_kernel(const LayerSpec& c, int widest) {
   int bn = 16;
   while (bn < widest && bn < c.experts) bn *= 2;
   const int warps_n = bn >= 32 ? bn / 32 : 1, warps_m = kRouterTileTokens / 16;
-  const int shared = kRouterTileStages * (kRouterTileTokens + bn) * 64 * 2;
+  const int stage_bytes = (kRouterTileTokens + bn) * 64 * 2;  // 64 columns of the token and gate rows
+  const int stages = std::max(2, std::min(kRouterMaxStages, kRouterPipelineBytes / stage_bytes));
+  const int shared = stages * stage_bytes;
   KernelPlan k;
   k.entry = fmt::format("moejit_router_gemm_mma_{}_{}x{}", entry_stem(c), kRouterTileTokens, bn);
   k.device_function = "moejit::router_logits_mma";
@@ -55,7 +59,7 @@ KernelPlan mma_kernel(const LayerSpec& c, int widest) {
       {"int", "kBN", std::to_string(bn)},
       {"int", "kWarpsM", std::to_string(warps_m)},
       {"int", "kWarpsN", std::to_string(warps_n)},
-      {"int", "kStages", std::to_string(kRouterTileStages)},
+      {"int", "kStages", std::to_string(stages)},
       {"int", "kSharedBytes", std::to_string(shared)},
   };
   k.launch = {GridRule::TokenTilesByColumns, 32 * warps_m * warps_n, bn, shared, c.experts, kRouterTileTokens};

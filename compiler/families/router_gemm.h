@@ -16,10 +16,13 @@ namespace moejit {
 constexpr int kRouterTokensPerBlock = 8;
 constexpr int kRouterWarps = 8;
 constexpr int kRouterGateVectors = 8;
-// Tensor-core kernel: tokens of one block tile, its pipeline depth, and the widest expert tile
-// (mid buckets) and widest of all (prefill).
+// Tensor-core kernel: tokens of one block tile; the shared memory its pipeline may fill (at most
+// kRouterMaxStages stages): the mid buckets' few blocks are latency bound, so a block keeps as many
+// bytes in flight as it can (4 stages, 32 KB, read Qwen3's 256 KB per block at ~30 GB/s on the
+// H200); and the widest expert tile of the mid buckets, and of the prefill ones.
 constexpr int kRouterTileTokens = 32;
-constexpr int kRouterTileStages = 4;
+constexpr int kRouterPipelineBytes = 160 * 1024;
+constexpr int kRouterMaxStages = 16;
 constexpr int kRouterMidExperts = 32;
 constexpr int kRouterPrefillExperts = 128;
 
