@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from moebench.presets import PRESETS  # noqa: E402
 from moebench.timing import Device  # noqa: E402
-from moebench.variants import parse_args, profile_kernels, rel_error, write_report  # noqa: E402
+from moebench.variants import parse_args, profile_kernels, rel_error, rows_apart, write_report  # noqa: E402
 
 import moejit  # noqa: E402
 
@@ -98,8 +98,8 @@ def run(args):
         [(name, preset_config(name, args.dtype)) for name in args.presets]
     lines = ["| preset | router | T | fused ms | separate ms | routed ms | fused / separate | "
              "router cost fused / separate ms | router kernels fused / separate us | launches fused / separate / routed | "
-             "rel. error fused vs separate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "rel. error fused vs separate | tokens apart (> 1%) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     worst = 0.0
     for name, cfg in configs:
         v = Variants(cfg, device, seed=args.seed)
@@ -108,7 +108,8 @@ def run(args):
             xs = [torch.randn(T, cfg.hidden, generator=g).to(cfg.torch_dtype).to(device) for _ in range(args.calls)]
             with torch.no_grad():
                 ls = [v.router(x).to(cfg.router_torch_dtype) for x in xs]
-                err = rel_error(v.fused(xs[0], ls[0]), v.separate(xs[0], ls[0]))
+                fused_out, separate_out = v.fused(xs[0], ls[0]), v.separate(xs[0], ls[0])
+                err, apart = rel_error(fused_out, separate_out), rows_apart(fused_out, separate_out)
             worst = max(worst, err)
             ms, launches, router_us = {}, {}, {}
             for key in ("fused", "separate", "routed"):
@@ -119,7 +120,7 @@ def run(args):
             lines.append(f"| {name} | {router} | {T} | {ms['fused']:.4f} | {ms['separate']:.4f} | {ms['routed']:.4f} | "
                          f"{ms['fused'] / ms['separate']:.3f} | {ms['fused'] - ms['routed']:.4f} / "
                          f"{ms['separate'] - ms['routed']:.4f} | {router_us['fused']:.1f} / {router_us['separate']:.1f} | "
-                         f"{launches['fused']} / {launches['separate']} / {launches['routed']} | {err:.2e} |")
+                         f"{launches['fused']} / {launches['separate']} / {launches['routed']} | {err:.2e} | {apart} |")
             print(lines[-1], flush=True)
         del v
     write_report(lines, args.out)

@@ -11,6 +11,13 @@ def rel_error(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def rows_apart(a, b, tolerance=1e-2):
+    """Rows (tokens) of a whose relative error against b's exceeds the tolerance: a token routed to
+    other experts (a near tie in the rounded logits) shows here, rounding alone does not."""
+    a, b = a.double().reshape(a.shape[0], -1), b.double().reshape(b.shape[0], -1)
+    return int(((a - b).norm(dim=1) > tolerance * b.norm(dim=1).clamp_min(1e-30)).sum())
+
+
 def profile_kernels(fn, *args):
     """The CUDA kernels one eager call of fn(*args) runs (torch.profiler events), after a warm call."""
     from torch.profiler import ProfilerActivity, profile
