@@ -32,6 +32,14 @@
 
 namespace moejit {
 
+// The largest power of two of tokens, at most the block's, whose `batch` vectors each fit 16
+// uint4 registers (at least one token).
+constexpr int router_token_group(int batch, int tokens) {
+  int group = 1;
+  while (group * 2 <= tokens && group * 2 * batch <= 16) group *= 2;
+  return group;
+}
+
 template <typename Spec>
 __device__ void router_logits_simt(const RouterGemmArgs& args) {
   using In = typename Spec::Input;
@@ -43,12 +51,13 @@ __device__ void router_logits_simt(const RouterGemmArgs& args) {
   constexpr int LANES = SPLITS * 32;          // lanes on one expert's columns
   constexpr int TPB = Spec::kTokensPerBlock;
   constexpr int VEC = 16 / static_cast<int>(sizeof(In));
-  constexpr int BATCH = Spec::kGateVectors;
   // 16-byte vectors when every row is whole vectors: the layer's checks put hidden and
   // gate_weight on 16 bytes (runtime/layer_checks.cpp). Else element by element.
   constexpr bool VECTORS = H % VEC == 0;
   constexpr long long ROW_VECTORS = H / VEC;
   constexpr long long LANE_VECTORS = (ROW_VECTORS + LANES - 1) / LANES;  // a lane's share of a row
+  constexpr int BATCH = LANE_VECTORS < Spec::kGateVectors ? static_cast<int>(LANE_VECTORS) : Spec::kGateVectors;
+  constexpr int GROUP = router_token_group(BATCH, TPB);  // tokens whose vectors are loaded at once
   static_assert(Spec::kWarps % EPB == 0, "kExpertsPerBlock divides kWarps");
   __shared__ float partial[Spec::kWarps][TPB];
 
@@ -66,7 +75,8 @@ __device__ void router_logits_simt(const RouterGemmArgs& args) {
 #pragma unroll
   for (int t = 0; t < TPB; ++t) acc[t] = 0.0f;
   if constexpr (VECTORS) {
-    // Vector j of batch b0 is the row's vector first + (b0 + j) * LANES: in increasing order.
+    // Vector j of batch b0 is the row's vector first + (b0 + j) * LANES: a lane sums its vectors in
+    // increasing order, whatever the grouping below.
     for (long long b0 = 0; b0 < LANE_VECTORS; b0 += BATCH) {
       uint4 w[BATCH];
 #pragma unroll
@@ -75,25 +85,33 @@ __device__ void router_logits_simt(const RouterGemmArgs& args) {
         w[j] = has_expert && v < ROW_VECTORS ? __ldg(reinterpret_cast<const uint4*>(gate + v * VEC))
                                              : make_uint4(0u, 0u, 0u, 0u);
       }
-      // Vector by vector, every token's at once: their loads are independent, so a step's tokens
-      // share one round trip (a token at a time, T = 16 took 2.5x T = 1's time on the H200).
+      // GROUP tokens' hidden vectors of the batch at once (about 16 registers of uint4): their
+      // loads are independent, so a group shares one round trip. (A token at a time, T = 16 took
+      // 2.5x T = 1's time on the H200; a vector at a time, DeepSeek-V3's 7 vectors made T = 1
+      // pay 7 round trips.)
 #pragma unroll
-      for (int j = 0; j < BATCH; ++j) {
-        const long long v = first + (b0 + j) * LANES;
-        const bool in_row = has_expert && v < ROW_VECTORS;
-        uint4 x[TPB];
+      for (int t0 = 0; t0 < TPB; t0 += GROUP) {
+        if (t0 >= rows || !has_expert) break;
+        uint4 x[GROUP][BATCH];
 #pragma unroll
-        for (int t = 0; t < TPB; ++t)
-          x[t] = in_row && t < rows ? __ldg(reinterpret_cast<const uint4*>(hidden + t * H + v * VEC))
-                                    : make_uint4(0u, 0u, 0u, 0u);
-        if (!in_row) continue;
-        const In* wv = reinterpret_cast<const In*>(&w[j]);
+        for (int g = 0; g < GROUP; ++g)
 #pragma unroll
-        for (int t = 0; t < TPB; ++t) {
-          const In* xv = reinterpret_cast<const In*>(&x[t]);
+          for (int j = 0; j < BATCH; ++j) {
+            const long long v = first + (b0 + j) * LANES;
+            x[g][j] = t0 + g < rows && v < ROW_VECTORS
+                          ? __ldg(reinterpret_cast<const uint4*>(hidden + (t0 + g) * H + v * VEC))
+                          : make_uint4(0u, 0u, 0u, 0u);
+          }
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[t] = fmaf(to_float(xv[i]), to_float(wv[i]), acc[t]);
-        }
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+          for (int j = 0; j < BATCH; ++j) {
+            if (first + (b0 + j) * LANES >= ROW_VECTORS) continue;
+            const In* wv = reinterpret_cast<const In*>(&w[j]);
+            const In* xv = reinterpret_cast<const In*>(&x[g][j]);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[t0 + g] = fmaf(to_float(xv[i]), to_float(wv[i]), acc[t0 + g]);
+          }
       }
     }
   } else if (has_expert) {

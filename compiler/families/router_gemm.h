@@ -17,11 +17,12 @@ constexpr int kRouterTokensPerBlock = 8;
 constexpr int kRouterWarps = 8;
 constexpr int kRouterGateVectors = 8;
 // Tensor-core kernel: tokens of one block tile; the shared memory its pipeline may fill (at most
-// kRouterMaxStages stages): the mid buckets' few blocks are latency bound, so a block keeps as many
-// bytes in flight as it can (4 stages, 32 KB, read Qwen3's 256 KB per block at ~30 GB/s on the
-// H200); and the widest expert tile of the mid buckets, and of the prefill ones.
+// kRouterMaxStages stages; two blocks an SM). On the H200 (bench/RESULTS.md, session 18) a block
+// of few warps is bound by each k-tile's barrier and mma chain, not by bytes in flight: 16 stages
+// instead of 4 gained ~10% in the mid bucket, and 8 instead of 4 (one block an SM) cost
+// DeepSeek-V3's prefill 60%.
 constexpr int kRouterTileTokens = 32;
-constexpr int kRouterPipelineBytes = 160 * 1024;
+constexpr int kRouterPipelineBytes = 80 * 1024;
 constexpr int kRouterMaxStages = 16;
 constexpr int kRouterMidExperts = 32;
 constexpr int kRouterPrefillExperts = 128;
