@@ -13,7 +13,8 @@
 #   NCU="preset:tokens:kernel-regex ..."  Nsight Compute on moejit_layer_check's kernels matching the
 #                  regex (--clock-control none: the clocks stay as found); report in $OUT/ncu-<n>.txt.
 #                  NCU_COUNT kernels per probe (default 3), NCU_SECTIONS the sections (default five:
-#                  SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats). A prefill kernel of a
+#                  SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats), NCU_LAYER_ARGS more
+#                  moejit_layer_check flags (e.g. "--router-gemm true" for the router GEMM's kernels). A prefill kernel of a
 #                  large layer (deepseek-v3 at T=4096) did not finish within 330 s with the defaults
 #                  (the layer's setup plus a replay per section pass, not measured apart); try NCU_COUNT=1
 #                  NCU_SECTIONS=SpeedOfLight there.
@@ -57,7 +58,7 @@ for probe in ${NCU:-}; do
     sections+=(--section "$section")
   done
   ncu --clock-control none -k "regex:$kernel" -c "${NCU_COUNT:-3}" "${sections[@]}" \
-    "$build/bench/moejit_layer_check" --preset "$preset" --tokens "$tokens" --iters 3 >"$out/ncu-$n.txt" 2>&1 || status=1
+    "$build/bench/moejit_layer_check" --preset "$preset" --tokens "$tokens" --iters 3 ${NCU_LAYER_ARGS:-} >"$out/ncu-$n.txt" 2>&1 || status=1
   grep -E "^  [a-z_]+.*\(|Duration|Elapsed Cycles|Registers Per|Threads|Warp Cycles Per Issued|Stall|Achieved Occupancy" \
     "$out/ncu-$n.txt" | head -40
 done

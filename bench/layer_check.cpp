@@ -2,7 +2,8 @@
 // float64 reference and its latency; on a machine with no GPU it says so and exits 0.
 // The README's main command (scripts/run.sh) calls it.
 //
-//   layer_check [--preset NAME] [--tokens T] [--iters N]
+//   layer_check [--preset NAME] [--tokens T] [--iters N] [--router-gemm true|false]
+// (--router-gemm true: the layer computes its router logits from a random gate weight.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -69,7 +70,7 @@ std::vector<double> uniform(size_t n, double scale, std::mt19937_64& rng) {
   return v;
 }
 
-int run(const std::string& preset_name, int64_t tokens, int iters) {
+int run(const std::string& preset_name, int64_t tokens, int iters, bool router_gemm) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     fmt::print("no GPU here: the layer was compiled but not run\n");
@@ -77,6 +78,7 @@ int run(const std::string& preset_name, int64_t tokens, int iters) {
   }
   MoeConfig c = preset(preset_name);
   if (c.quant != Quant::None) throw InvalidInput("layer_check runs unquantized presets");
+  c.router_gemm = router_gemm;
   auto layer = Layer::create(c);
   const int64_t E = c.experts, H = c.hidden, I = c.local_intermediate(), N1 = c.gemm1_rows();
   std::mt19937_64 rng(20261130);
@@ -180,18 +182,24 @@ int main(int argc, char** argv) {
   std::string name = "qwen3-30b-a3b";
   int64_t tokens = 64;
   int iters = 50;
+  bool router_gemm = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--preset") name = argv[i + 1];
     else if (flag == "--tokens") tokens = std::atoll(argv[i + 1]);
     else if (flag == "--iters") iters = std::atoi(argv[i + 1]);
-    else {
-      fmt::print(stderr, "layer_check: unknown flag {}; flags: --preset, --tokens, --iters\n", flag);
+    else if (flag == "--router-gemm" && (std::strcmp(argv[i + 1], "true") == 0 || std::strcmp(argv[i + 1], "false") == 0))
+      router_gemm = std::strcmp(argv[i + 1], "true") == 0;
+    else if (flag == "--router-gemm") {
+      fmt::print(stderr, "layer_check: --router-gemm {}: allowed values: true, false\n", argv[i + 1]);
+      return 2;
+    } else {
+      fmt::print(stderr, "layer_check: unknown flag {}; flags: --preset, --tokens, --iters, --router-gemm\n", flag);
       return 2;
     }
   }
   try {
-    return run(name, tokens, iters);
+    return run(name, tokens, iters, router_gemm);
   } catch (const InvalidInput& e) {
     fmt::print(stderr, "layer_check: {}\n", e.what());
     return 2;
