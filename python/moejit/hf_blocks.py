@@ -1,10 +1,15 @@
-"""Whole Hugging Face MoE blocks on one moejit call: routing, experts and combine in
-``torch.ops.moejit.moe_layer``, the shared experts' output as its residual.
+"""Whole Hugging Face MoE blocks on one moejit call: the router's linear (below), routing, experts and
+combine in ``torch.ops.moejit.moe_layer_gate`` or ``moe_layer``, the shared experts' output as its
+residual.
 
 ``moejit.patch(model)`` replaces the forward of each block whose math SPEC.md covers; the experts of
 every other block still run on moejit through the experts implementation (hf.py). The router's
-linear (the gate weight times the hidden states) stays a torch matmul, in the precision the model
-uses: fp32 for DeepSeek-V3 (its router casts both to fp32), the model dtype for the others.
+linear (the gate weight times the hidden states, in the precision the model uses: fp32 for
+DeepSeek-V3, whose router casts both to fp32, the model dtype for the others) runs in the same call
+(``torch.ops.moejit.moe_layer_gate``) where the layer's router GEMM was the faster on the H200
+(bench/RESULTS.md, session 18): at decode (T <= ROUTER_IN_LAYER_MAX_TOKENS) for every router, at
+every T for fp32 routers (torch casts the gate to fp32 on each call). Elsewhere it stays a torch
+matmul beside the call: the layer's tensor-core router tiles were 0.5-2.5% slower there.
 
   block                    routing moejit computes                          residual
   MixtralSparseMoeBlock    softmax, top-k, renormalize                      -
@@ -21,6 +26,7 @@ gradients are wanted (the moejit ops have no backward) and when anything observe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import types
@@ -36,6 +42,7 @@ log = logging.getLogger("moejit")
 __all__ = ["block_rule", "patch_blocks"]
 
 MAX_TOPK = 32  # the library's limit (compiler/moe_config.cpp)
+ROUTER_IN_LAYER_MAX_TOKENS = 32  # the decode bucket's last T: the router GEMM's SIMT kernel
 
 
 def _routing(block: torch.nn.Module) -> Optional[dict]:
@@ -102,6 +109,7 @@ def _whole_block_forward(original: Callable, config_json: str, model_config) -> 
     config = json.loads(config_json)
     fp32_router = config["router_dtype"] == "fp32"  # the router's matmul in the precision moejit routes from
     with_bias = config["topk_method"] == "noaux_tc"
+    gate_json = dataclasses.replace(MoeConfig.from_json(config_json), router_gemm=True).to_json()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # The block's own forward where moejit's one call would lose something: training (router
@@ -114,15 +122,20 @@ def _whole_block_forward(original: Callable, config_json: str, model_config) -> 
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         weight = self.gate.weight
-        logits = F.linear(x.float(), weight.float()) if fp32_router else F.linear(x, weight)
         bias = self.gate.e_score_correction_bias if with_bias else None
         residual = _residual(self)(x)
-        out = torch.ops.moejit.moe_layer(
-            x.contiguous(), logits.contiguous(), self.experts.gate_up_proj, self.experts.down_proj,
-            bias, None, None, None, None,
-            residual.contiguous() if residual is not None else None,
-            config_json,
-        )
+        residual = residual.contiguous() if residual is not None else None
+        # The router in the call where it was faster (module docstring); a gate weight kept in
+        # another dtype than the model's (the layer takes it in the model dtype) stays beside it.
+        if weight.dtype == x.dtype and (fp32_router or x.shape[0] <= ROUTER_IN_LAYER_MAX_TOKENS):
+            out = torch.ops.moejit.moe_layer_gate(
+                x.contiguous(), weight.contiguous(), self.experts.gate_up_proj, self.experts.down_proj,
+                bias, None, None, None, None, residual, gate_json)
+        else:
+            logits = F.linear(x.float(), weight.float()) if fp32_router else F.linear(x, weight)
+            out = torch.ops.moejit.moe_layer(
+                x.contiguous(), logits.contiguous(), self.experts.gate_up_proj, self.experts.down_proj,
+                bias, None, None, None, None, residual, config_json)
         return out.reshape(shape)
 
     return forward

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from conftest import FAMILIES, TOLERANCE, build_model, moe_layer_count, rel_error
+from conftest import FAMILIES, TOLERANCE, VOCAB, build_model, moe_layer_count, rel_error
 
 
 def moejit_module():
@@ -125,3 +125,33 @@ def test_whole_blocks_under_torch_compile(backend, tokens):
         compiled = torch.compile(model, backend=backend, fullgraph=True)
         out = compiled(tokens).logits
     assert rel_error(out, eager) < TOLERANCE[torch.float32]
+
+
+def _moejit_ops_run(model, ids):
+    """The moejit layer ops one forward runs (torch.profiler's CPU op events), and its logits."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = model(ids).logits.float()
+    return {e.name for e in prof.events() if e.name.startswith("moejit::moe_layer")}, out
+
+
+@pytest.mark.parametrize("family, router_in_call_above_decode", [("qwen3_moe", False), ("deepseek_v3", True)])
+def test_router_linear_joins_the_call_where_it_was_faster(family, router_in_call_above_decode):
+    """bf16: the router's linear runs in the call (moe_layer_gate) at decode, beside it (torch's linear,
+    then moe_layer) above; DeepSeek-V3's fp32 router in the call at every T. Both equal transformers."""
+    moejit = moejit_module()
+    hf_blocks = moejit.hf_blocks
+    model = build_model(family, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    batches = {T: torch.randint(0, VOCAB, (1, T), generator=g)
+               for T in (1, hf_blocks.ROUTER_IN_LAYER_MAX_TOKENS, hf_blocks.ROUTER_IN_LAYER_MAX_TOKENS + 1)}
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        refs = {T: model(ids).logits.float() for T, ids in batches.items()}
+        moejit.patch(model)
+        for T, ids in batches.items():
+            ops, out = _moejit_ops_run(model, ids)
+            in_call = T <= hf_blocks.ROUTER_IN_LAYER_MAX_TOKENS or router_in_call_above_decode
+            assert ops == ({"moejit::moe_layer_gate"} if in_call else {"moejit::moe_layer"}), (T, ops)
+            assert rel_error(out, refs[T]) < TOLERANCE[torch.bfloat16], T
