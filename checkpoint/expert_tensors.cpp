@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/float_convert.h"
 #include "common/error.h"
 
 namespace moejit::checkpoint {
@@ -45,40 +46,6 @@ std::string weight_dtype(const MoeConfig& c) {
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, nan
-  } else if (exponent == 0) {
-    float f = static_cast<float>(mantissa) * 0x1p-24f;  // subnormal (or zero)
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-float to_float(const unsigned char* p, const std::string& dtype) {
-  if (dtype == "F32") {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  if (dtype == "BF16") {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  return half_to_float(h);  // F16
-}
 
 // One stacked tensor per projection (transformers 5.x, gpt-oss) rather than one per expert.
 bool stacked(ExpertNaming naming) { return naming == ExpertNaming::Fused || naming == ExpertNaming::GptOss; }
