@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/float_convert.h"
+#include "checkpoint/router_weight.h"
 #include "common/error.h"
 
 namespace moejit::checkpoint {
@@ -192,6 +193,7 @@ std::vector<ExpectedTensor> expected_tensors(const MoeConfig& c, const MoeLayerT
   }
   if (c.topk_method == TopkMethod::NoauxTc)
     add(correction_bias_name(layer), {"F32", "BF16", "F16"}, {{E}}, "the routing correction bias (topk_method noaux_tc)");
+  if (c.router_gemm) out.push_back(expected_gate_weight(c, layer));
   return out;
 }
 
@@ -211,7 +213,7 @@ std::vector<std::pair<const char*, const HostTensor*>> ExpertWeights::named() co
   std::vector<std::pair<const char*, const HostTensor*>> out = {{"w13", &w13}, {"w2", &w2}};
   const std::pair<const char*, const std::optional<HostTensor>*> optional[] = {
       {"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"e_score_correction_bias", &correction_bias},
-      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}};
+      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}, {"gate_weight", &gate_weight}};
   for (const auto& [name, t] : optional)
     if (t->has_value()) out.emplace_back(name, &**t);
   return out;
@@ -241,6 +243,7 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
   if (c.shared_slots() > 0 && (layer.naming == ExpertNaming::Mixtral || gpt_oss))
     fail(fmt::format("fuse_shared_experts: {} experts have no shared experts to load; set fuse_shared_experts false",
                      to_string(layer.naming)));
+  if (const std::string refusal = router_gemm_refusal(checkpoint, c, layer); !refusal.empty()) fail(refusal);
   if (c.expert_bias && !gpt_oss)
     fail("expert_bias: the config adds expert biases, but the layer has none (gpt-oss's gate_up_proj_bias and "
          "down_proj_bias)");
@@ -425,6 +428,7 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
       bias[i] = to_float(b.file->data(*b.info) + i * dtype_size(b.info->dtype), b.info->dtype);
     out.correction_bias = floats(bias, {E});
   }
+  if (c.router_gemm) out.gate_weight = load_gate_weight(checkpoint, c, layer);
   return out;
 }
 
