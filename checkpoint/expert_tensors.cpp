@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/float_convert.h"
+#include "checkpoint/router_weight.h"
 #include "common/error.h"
 
 namespace moejit::checkpoint {
@@ -45,40 +47,6 @@ std::string weight_dtype(const MoeConfig& c) {
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, nan
-  } else if (exponent == 0) {
-    float f = static_cast<float>(mantissa) * 0x1p-24f;  // subnormal (or zero)
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-float to_float(const unsigned char* p, const std::string& dtype) {
-  if (dtype == "F32") {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  if (dtype == "BF16") {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  return half_to_float(h);  // F16
-}
 
 // One stacked tensor per projection (transformers 5.x, gpt-oss) rather than one per expert.
 bool stacked(ExpertNaming naming) { return naming == ExpertNaming::Fused || naming == ExpertNaming::GptOss; }
@@ -225,6 +193,7 @@ std::vector<ExpectedTensor> expected_tensors(const MoeConfig& c, const MoeLayerT
   }
   if (c.topk_method == TopkMethod::NoauxTc)
     add(correction_bias_name(layer), {"F32", "BF16", "F16"}, {{E}}, "the routing correction bias (topk_method noaux_tc)");
+  if (c.router_gemm) out.push_back(expected_gate_weight(c, layer));
   return out;
 }
 
@@ -244,7 +213,7 @@ std::vector<std::pair<const char*, const HostTensor*>> ExpertWeights::named() co
   std::vector<std::pair<const char*, const HostTensor*>> out = {{"w13", &w13}, {"w2", &w2}};
   const std::pair<const char*, const std::optional<HostTensor>*> optional[] = {
       {"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"e_score_correction_bias", &correction_bias},
-      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}};
+      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}, {"gate_weight", &gate_weight}};
   for (const auto& [name, t] : optional)
     if (t->has_value()) out.emplace_back(name, &**t);
   return out;
@@ -274,6 +243,7 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
   if (c.shared_slots() > 0 && (layer.naming == ExpertNaming::Mixtral || gpt_oss))
     fail(fmt::format("fuse_shared_experts: {} experts have no shared experts to load; set fuse_shared_experts false",
                      to_string(layer.naming)));
+  if (const std::string refusal = router_gemm_refusal(checkpoint, c, layer); !refusal.empty()) fail(refusal);
   if (c.expert_bias && !gpt_oss)
     fail("expert_bias: the config adds expert biases, but the layer has none (gpt-oss's gate_up_proj_bias and "
          "down_proj_bias)");
@@ -458,6 +428,7 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
       bias[i] = to_float(b.file->data(*b.info) + i * dtype_size(b.info->dtype), b.info->dtype);
     out.correction_bias = floats(bias, {E});
   }
+  if (c.router_gemm) out.gate_weight = load_gate_weight(checkpoint, c, layer);
   return out;
 }
 

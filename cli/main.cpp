@@ -235,8 +235,8 @@ int run(int argc, char** argv) {
   inspect_cmd->add_option("--layer", inspect_options.layer, "only this layer (its index in the model)")
       ->check(CLI::NonNegativeNumber);
   inspect_cmd->add_option("--dump-experts", inspect_options.dump_experts,
-                          "write the layer's experts packed for the config's rank (w13, w2, scales, correction bias) "
-                          "to this .safetensors file");
+                          "write the layer's experts packed for the config's rank (w13, w2, scales, correction bias; "
+                          "gate_weight with --router-gemm true) to this .safetensors file");
 
   try {
     app.parse(argc, argv);

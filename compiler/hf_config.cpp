@@ -450,6 +450,12 @@ MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
         "layer's fused shared experts (weight 1) do not compute; pass its output as residual (fuse_shared_experts "
         "false)",
         model_type));
+  // The router GEMM computes hidden @ gate_weight^T; gpt-oss's router adds a bias to that.
+  if (c.router_gemm && model_type == "gpt_oss")
+    throw InvalidInput(
+        "router_gemm: true, but gpt_oss's router adds a bias (mlp.router.bias) to its logits, which the layer's "
+        "router GEMM (logits = hidden @ gate_weight^T) does not add; use router_gemm false and pass the router's "
+        "logits, bias included");
   return c;
 }
 

@@ -177,6 +177,7 @@ int moejit_experts_fill_inputs(const moejit_experts* experts, moejit_inputs* inp
     inputs->e_score_correction_bias = in.e_score_correction_bias;
     inputs->w13_bias = in.w13_bias;
     inputs->w2_bias = in.w2_bias;
+    inputs->gate_weight = in.gate_weight;
   });
 }
 

@@ -85,6 +85,7 @@ void DeviceExperts::fill(LayerInputs& in) const {
   if (find("e_score_correction_bias")) in.e_score_correction_bias = floats("e_score_correction_bias");
   if (find("w13_bias")) in.w13_bias = floats("w13_bias");
   if (find("w2_bias")) in.w2_bias = floats("w2_bias");
+  if (find("gate_weight")) in.gate_weight = find("gate_weight");
 }
 
 size_t DeviceExperts::bytes() const {

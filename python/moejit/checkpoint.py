@@ -3,7 +3,8 @@
 ``load_experts(model_dir, layer, ep_size=8, ep_rank=3)`` reads one MoE layer of the folder's
 checkpoint (its index, one file or shards; the names of Qwen/DeepSeek, Mixtral and transformers 5.x
 fused experts) for one rank: w13 [E_loc, 2I_loc, H] (gate rows, then up rows), w2 [E_loc, H, I_loc],
-and per config the fp8 scales and the routing correction bias (fp32). The config is the folder's
+and per config the fp8 scales, the routing correction bias (fp32) and, with ``router_gemm=True``, the
+router's gate_weight [E, H] in the model dtype. The config is the folder's
 config.json with the keyword arguments (moejit config fields) applied. The C++ reader checks every
 file as untrusted input; a missing or malformed tensor raises ValueError naming it and its file.
 """
@@ -23,7 +24,14 @@ def load_experts(model_dir: Union[str, os.PathLike], layer: int, *, device: Opti
                  **config_fields) -> dict:
     """The packed expert tensors of MoE layer ``layer`` (its index in the model), as a dict with "w13",
     "w2" and, where the config has them, "w13_scale", "w2_scale", "e_score_correction_bias", and (gpt-oss)
-    "w13_bias", "w2_bias" in fp32; on ``device`` (default: CPU, where the reader puts them)."""
+    "w13_bias", "w2_bias" in fp32; on ``device`` (default: CPU, where the reader puts them).
+
+    With ``router_gemm=True`` (a layer that computes its router logits, ``MoELayer(..., gate_weight=...)``)
+    it also returns "gate_weight": the router's weight [E, H] (``<layer>.mlp.gate.weight``, Mixtral's
+    ``block_sparse_moe.gate.weight``) in the model dtype, converted from the checkpoint's bf16, fp16 or
+    fp32 with round-to-nearest-even as ``Tensor.to`` does; every expert's row on every rank, since routing
+    is global. ValueError names the tensor and its file when it is missing or has the wrong shape or dtype,
+    and refuses router_gemm for gpt-oss, whose router adds a bias the layer cannot add."""
     overrides = json.dumps({name: str(value).lower() if isinstance(value, bool) else str(value)
                             for name, value in config_fields.items()})
     tensors = dict(torch.ops.moejit.load_experts(os.fspath(model_dir), int(layer), overrides))

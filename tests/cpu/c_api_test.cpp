@@ -51,9 +51,10 @@ TEST(CApi, StageEntryPointsRefuseNullArguments) {
   EXPECT_NE(std::string(moejit_last_error()).find("layer: null"), std::string::npos);
 }
 
-// A Qwen3-MoE-named checkpoint of two experts (H 16, I 8, bf16 zeros) written by hand: the
-// safetensors format is an 8-byte little-endian header length, the JSON header, the bytes.
-std::filesystem::path tiny_checkpoint(const std::string& name, bool drop_one_tensor) {
+// A Qwen3-MoE-named checkpoint of two experts (H 16, I 8, bf16 zeros; with_gate: the router's
+// mlp.gate.weight [2, 16] too) written by hand: the safetensors format is an 8-byte little-endian
+// header length, the JSON header, the bytes.
+std::filesystem::path tiny_checkpoint(const std::string& name, bool drop_one_tensor, bool with_gate = false) {
   const auto dir = std::filesystem::temp_directory_path() / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -72,6 +73,11 @@ std::filesystem::path tiny_checkpoint(const std::string& name, bool drop_one_ten
                 std::to_string(offset + 256) + "]}";
       offset += 256;
     }
+  if (with_gate) {
+    header += ", \"model.layers.0.mlp.gate.weight\": {\"dtype\": \"BF16\", \"shape\": [2, 16], \"data_offsets\": [" +
+              std::to_string(offset) + ", " + std::to_string(offset + 64) + "]}";
+    offset += 64;
+  }
   header += "}";
   std::ofstream f(dir / "model.safetensors", std::ios::binary);
   const uint64_t length = header.size();
@@ -101,6 +107,16 @@ TEST(CApi, ExpertsLoadReadsTheCheckpointBeforeTheDevice) {
     EXPECT_NE(std::string(moejit_last_error()).find("CUDA driver"), std::string::npos) << moejit_last_error();
   }
   EXPECT_EQ(experts, nullptr);
+  // router_gemm: the router's gate weight is read too, before the device; missing, it is named.
+  EXPECT_EQ(moejit_experts_load(good.c_str(), 0, R"({"router_gemm": true})", 0, &experts), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("tensor 'model.layers.0.mlp.gate.weight' missing"), std::string::npos)
+      << moejit_last_error();
+  const auto gated = tiny_checkpoint("moejit_c_api_gate_ckpt", false, true);
+  if (!moejit::cuda_driver().available) {
+    EXPECT_EQ(moejit_experts_load(gated.c_str(), 0, R"({"router_gemm": true, "ep_size": 2, "ep_rank": 1})", 0, &experts), 1);
+    EXPECT_NE(std::string(moejit_last_error()).find("CUDA driver"), std::string::npos) << moejit_last_error();
+  }
+  EXPECT_EQ(experts, nullptr);
   moejit_inputs in = {0};
   EXPECT_EQ(moejit_experts_fill_inputs(nullptr, &in), 2);
   size_t bytes = 0;
@@ -108,6 +124,7 @@ TEST(CApi, ExpertsLoadReadsTheCheckpointBeforeTheDevice) {
   moejit_experts_destroy(nullptr);
   std::filesystem::remove_all(broken);
   std::filesystem::remove_all(good);
+  std::filesystem::remove_all(gated);
 }
 
 }  // namespace

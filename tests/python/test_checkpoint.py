@@ -279,3 +279,150 @@ def test_gpt_oss_checkpoint_loads_de_interleaved_with_biases(tmp_path, moejit_cl
     # A config that disagrees with the checkpoint is refused by name.
     with pytest.raises(ValueError, match="gpt-oss experts .* expert_bias true"):
         moejit.load_experts(folder, 0, expert_bias="false")
+
+
+def gate_bits(t):
+    """A 16-bit tensor's bits, so that equality is bitwise (NaN and -0.0 included)."""
+    return t.view(torch.int16)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_router_gemm_returns_the_models_gate_weight(family, tmp_path):
+    """router_gemm: load_experts returns the router's gate weight [E, H] in the model dtype, whole on
+    every rank, bit for bit what transformers loads (save_pretrained writes Qwen's and DeepSeek's
+    mlp.gate.weight, Mixtral's block_sparse_moe.gate.weight); without router_gemm it is not read."""
+    from conftest import moejit
+
+    transformers = pytest.importorskip("transformers")
+    model = build_model(family, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    (layer, _), = experts_of(model).items()
+    block = "block_sparse_moe" if family == "mixtral" else "mlp"
+    assert f"model.layers.{layer}.{block}.gate.weight" in safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    want = loaded.model.layers[layer].mlp.gate.weight.detach()
+    assert torch.equal(gate_bits(want), gate_bits(model.model.layers[layer].mlp.gate.weight.detach()))
+    for ep_rank, tp_rank in ((0, 0), (1, 1)):
+        got = moejit.load_experts(tmp_path, layer, ep_size=2, ep_rank=ep_rank, tp_size=2, tp_rank=tp_rank,
+                                  router_gemm=True)
+        assert got["gate_weight"].dtype == torch.bfloat16 and got["gate_weight"].shape == want.shape
+        assert torch.equal(gate_bits(got["gate_weight"]), gate_bits(want))
+    assert "gate_weight" not in moejit.load_experts(tmp_path, layer)
+    if family == "deepseek_v3":
+        return  # its router scores in fp32 with groups and a bias: the layer test of test_ops covers the op
+    # The layer computes its own logits from the loaded gate: the whole HF block, within bf16's tolerance.
+    got = moejit.load_experts(tmp_path, layer, router_gemm=True)
+    E, H = want.shape
+    cfg = moejit.MoeConfig(experts=E, topk=2, hidden=H, moe_intermediate=got["w2"].shape[2], dtype=torch.bfloat16,
+                           renormalize=True, router_gemm=True)
+    hidden = torch.randn(1, 9, H, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want_out = model.model.layers[layer].mlp(hidden)
+        want_out = want_out[0] if isinstance(want_out, tuple) else want_out
+    out = torch.ops.moejit.moe_layer_gate(hidden.view(-1, H), got["gate_weight"], got["w13"], got["w2"], None, None,
+                                          None, None, None, None, cfg.to_json())
+    assert rel_error(out, want_out.view(-1, H)) < 2e-2
+    # The gate matters: the layer on another router's weight is far from the block.
+    other = torch.ops.moejit.moe_layer_gate(hidden.view(-1, H), torch.flip(got["gate_weight"], [0]), got["w13"],
+                                            got["w2"], None, None, None, None, None, None, cfg.to_json())
+    assert rel_error(other, want_out.view(-1, H)) > 0.2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_router_gemm_rounds_an_fp32_gate_as_transformers_does(dtype, tmp_path):
+    """A router kept in fp32 beside bf16 / fp16 experts is rounded once to the model dtype, to nearest
+    even: bit for bit Tensor.to and what from_pretrained(dtype=...) holds, ties included."""
+    from conftest import moejit
+
+    transformers = pytest.importorskip("transformers")
+    build_model("qwen3_moe", dtype=dtype).save_pretrained(tmp_path)
+    path, name = tmp_path / "model.safetensors", "model.layers.0.mlp.gate.weight"
+    tensors = safetensors_torch.load_file(str(path))
+    gate = torch.randn(tensors[name].shape, generator=torch.Generator().manual_seed(5)) * 0.1
+    # Halfway between two bf16 values (1 + 2^-8, 1 + 3 * 2^-8) and two halves (1 + 2^-11, 1 + 3 * 2^-11).
+    gate[0, :4] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -11, 1 + 3 * 2 ** -11])
+    tensors[name] = gate
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    got = moejit.load_experts(tmp_path, 0, router_gemm=True, ep_size=2, ep_rank=1)["gate_weight"]
+    assert got.dtype == dtype
+    assert torch.equal(gate_bits(got), gate_bits(gate.to(dtype)))
+    assert not torch.equal(got.float(), gate)  # the rounding did happen
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype)
+    assert torch.equal(gate_bits(got), gate_bits(loaded.model.layers[0].mlp.gate.weight.detach()))
+
+
+def test_router_gemm_fused_names_and_inspect(tmp_path, moejit_cli):
+    """transformers 5.x's module-tree names (fused experts, the router at mlp.gate.weight, as
+    Mixtral's state_dict has them) load too; inspect lists the gate weight for router_gemm and
+    names it when it is missing; --dump-experts writes it."""
+    from conftest import moejit
+
+    model = build_model("mixtral", dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)  # config.json
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state and "model.layers.0.mlp.gate.weight" in state
+    (tmp_path / "model.safetensors").unlink()
+    safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    got = moejit.load_experts(tmp_path, 0, router_gemm=True, tp_size=2, tp_rank=1)
+    assert torch.equal(gate_bits(got["gate_weight"]), gate_bits(state["model.layers.0.mlp.gate.weight"]))
+
+    report = run_cli(moejit_cli, "inspect", "--model", tmp_path, "--router-gemm", "true")
+    line, = [ln for ln in report.stdout.splitlines() if ln.strip().startswith("gate.weight")]
+    assert "1/1" in line and "[4, 64] BF16" in line and "router_gemm true" in report.stdout
+    plain = run_cli(moejit_cli, "inspect", "--model", tmp_path)
+    line, = [ln for ln in plain.stdout.splitlines() if ln.strip().startswith("gate.weight")]
+    assert "1/1" not in line  # listed beside the experts, not needed
+    dump = tmp_path / "dump.safetensors"
+    run_cli(moejit_cli, "inspect", "--model", tmp_path, "--layer", 0, "--dump-experts", dump, "--router-gemm", "true")
+    assert torch.equal(safetensors_torch.load_file(str(dump))["gate_weight"], got["gate_weight"])
+    del state["model.layers.0.mlp.gate.weight"]
+    safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    report = run_cli(moejit_cli, "inspect", "--model", tmp_path, "--router-gemm", "true", check=False)
+    assert report.returncode == 1 and "0/1" in report.stdout
+    assert "problem: 'model.layers.0.mlp.gate.weight' missing" in report.stdout
+    assert run_cli(moejit_cli, "inspect", "--model", tmp_path).returncode == 0  # not needed without router_gemm
+
+
+def test_router_gemm_refusals(tmp_path, moejit_cli):
+    """A missing or misshapen gate weight is named with its file; gpt-oss's router, which adds a bias,
+    is refused for router_gemm by the config reader and by the loader."""
+    from conftest import moejit
+
+    transformers = pytest.importorskip("transformers")
+    build_model("qwen3_moe", dtype=torch.bfloat16).save_pretrained(tmp_path / "qwen")
+    path, name = tmp_path / "qwen" / "model.safetensors", "model.layers.0.mlp.gate.weight"
+    tensors = safetensors_torch.load_file(str(path))
+    gate = tensors.pop(name)
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"tensor '{name}' missing"):
+        moejit.load_experts(tmp_path / "qwen", 0, router_gemm=True)
+    assert sorted(moejit.load_experts(tmp_path / "qwen", 0)) == ["w13", "w2"]
+    tensors[name] = gate[:, :-1].contiguous()
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"'{name}' is \[8, 63\] BF16 in '.*model.safetensors'; the router's gate "
+                                         rf"weight \(router_gemm; converted to BF16\) must be \[8, 64\]"):
+        moejit.load_experts(tmp_path / "qwen", 0, router_gemm=True)
+    tensors[name] = gate.to(torch.int8)
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"'{name}' is \[8, 64\] I8 in '.*model.safetensors'"):
+        moejit.load_experts(tmp_path / "qwen", 0, router_gemm=True)
+
+    E, H, I = 4, 64, 48
+    config = transformers.GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=2,
+                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       vocab_size=64, max_position_embeddings=64, layer_types=["full_attention"])
+    folder = tmp_path / "gpt-oss"
+    transformers.GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    assert "gate_weight" not in moejit.load_experts(folder, 0)
+    with pytest.raises(ValueError, match="router_gemm: true, but gpt_oss's router adds a bias"):
+        moejit.load_experts(folder, 0, router_gemm=True)
+    # The same checkpoint under a moejit config (no model_type to refuse): the loader refuses it.
+    (folder / "config.json").write_text(json.dumps({"experts": E, "topk": 2, "hidden": H, "moe_intermediate": I,
+                                                    "activation": "swigluoai", "expert_bias": True, "dtype": "bf16"}))
+    assert "w13_bias" in moejit.load_experts(folder, 0)
+    with pytest.raises(ValueError, match=r"router_gemm: true, but this router adds a bias to its logits \(gpt-oss's "
+                                         r"'model.layers.0.mlp.router.bias'\)"):
+        moejit.load_experts(folder, 0, router_gemm=True)
+    report = run_cli(moejit_cli, "inspect", "--model", folder, "--router-gemm", "true", check=False)
+    assert report.returncode == 1 and "problem: router_gemm: true, but this router adds a bias" in report.stdout
+    assert run_cli(moejit_cli, "inspect", "--model", folder).returncode == 0
