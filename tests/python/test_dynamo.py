@@ -95,15 +95,15 @@ def test_bf16_regions(device, tokens, inductor_off):
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next"])
 @pytest.mark.parametrize("whole_blocks", [True, False])
 def test_patched_model_keeps_its_moejit_ops(family, whole_blocks, tokens, inductor_off):
-    """A patched model's moejit ops (whole blocks: moe_layer; the experts implementation: experts):
-    the backend counts the op nodes and has nothing to replace."""
+    """A patched model's moejit ops (whole blocks: moe_layer_gate, the fp32 router in the call; the
+    experts implementation: experts): the backend counts the op nodes and has nothing to replace."""
     model = moejit.patch(build_model(family), whole_blocks=whole_blocks)
     with torch.no_grad():
         ref = model(tokens).logits
         out = torch.compile(model, backend="moejit", fullgraph=True)(tokens).logits
     assert compiled_graphs() == 1
     (report,) = mdynamo.reports()
-    assert report.moejit_calls == {"moe_layer" if whole_blocks else "experts": moe_layer_count(model)}
+    assert report.moejit_calls == {"moe_layer_gate" if whole_blocks else "experts": moe_layer_count(model)}
     assert report.replaced == [] and report.skipped == []
     assert rel_error(out, ref) < TOLERANCE[torch.float32]
 
@@ -139,7 +139,7 @@ def test_inductor_patched_model(tokens):
         out = torch.compile(model, backend="moejit", fullgraph=True)(tokens).logits
     assert compiled_graphs() == 1
     (report,) = mdynamo.reports()
-    assert report.moejit_calls == {"moe_layer": 1}  # the whole block (hf_blocks)
+    assert report.moejit_calls == {"moe_layer_gate": 1}  # the whole block with its router (hf_blocks)
     assert rel_error(out, ref) < TOLERANCE[torch.float32]
 
 
@@ -157,7 +157,7 @@ def test_inductor_reduce_overhead_has_no_cudagraph_skips(patched, tokens):
             out = compiled(x).logits.clone()
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
     (report,) = mdynamo.reports()
-    assert len(report.replaced) + report.moejit_calls.get("experts", 0) + report.moejit_calls.get("moe_layer", 0) == 1
+    assert len(report.replaced) + sum(report.moejit_calls.values()) == 1
     assert rel_error(out, ref) < TOLERANCE[torch.bfloat16]
 
 

@@ -1,7 +1,7 @@
 """Whole Hugging Face MoE blocks on one moejit call (hf_blocks): after moejit.patch the blocks of every
 family SPEC.md covers compute routing, experts, combine and the shared experts' residual in one
-torch.ops.moejit.moe_layer, equal to transformers' own forward; training falls back to the block's
-own forward."""
+torch.ops.moejit.moe_layer_gate (the router's linear too) or moe_layer, equal to transformers' own
+forward; training falls back to the block's own forward."""
 
 import logging
 
@@ -117,7 +117,7 @@ def test_patch_without_whole_blocks_keeps_hf_routing(tokens):
 
 @pytest.mark.parametrize("backend", ["moejit", "inductor"])
 def test_whole_blocks_under_torch_compile(backend, tokens):
-    """A patched block traces into one moe_layer node; compiled output equals eager."""
+    """A patched block traces into one moejit node; compiled output equals eager."""
     moejit = moejit_module()
     model = moejit.patch(build_model("deepseek_v3"))
     with torch.no_grad():
