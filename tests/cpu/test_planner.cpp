@@ -59,6 +59,24 @@ TEST(Planner, RankDoesNotChangeTheSource) {
   for (size_t i = 0; i < a.units.size(); ++i) EXPECT_EQ(a.units[i].source, b.units[i].source);
 }
 
+// router_gemm changes the routing unit (its router GEMM kernels) and no other: a layer with and
+// without it shares the cache entries of its index, experts and combine units.
+TEST(Planner, RouterGemmChangesOnlyTheRoutingUnit) {
+  for (const char* name : {"qwen3-30b-a3b", "deepseek-v3"}) {
+    MoeConfig with = preset(name);
+    with.router_gemm = true;
+    const KernelSource a = generate(make_plan(preset(name), "sm_90a")), b = generate(make_plan(with, "sm_90a"));
+    ASSERT_EQ(a.units.size(), b.units.size()) << name;
+    for (size_t i = 0; i < a.units.size(); ++i) {
+      ASSERT_EQ(a.units[i].name, b.units[i].name) << name;
+      if (a.units[i].name == "routing")
+        EXPECT_NE(a.units[i].source, b.units[i].source) << name;
+      else
+        EXPECT_EQ(a.units[i].source, b.units[i].source) << name << ": unit " << a.units[i].name;
+    }
+  }
+}
+
 TEST(Planner, AnyChangedFieldChangesSomeUnit) {
   MoeConfig base = preset("qwen3-30b-a3b");
   auto sources = [](const MoeConfig& c) {
@@ -71,7 +89,7 @@ TEST(Planner, AnyChangedFieldChangesSomeUnit) {
       {"experts", "64"}, {"topk", "4"}, {"scoring", "sigmoid"}, {"renormalize", "false"},
       {"routed_scaling_factor", "2"}, {"hidden", "1024"}, {"moe_intermediate", "512"},
       {"activation", "gelu"}, {"gated", "false"}, {"dtype", "fp16"}, {"router_dtype", "fp32"},
-      {"quant", "w8a8_int8"}, {"ep_size", "2"}, {"tp_size", "2"}, {"weight_layout", "kn"}};
+      {"quant", "w8a8_int8"}, {"ep_size", "2"}, {"tp_size", "2"}, {"weight_layout", "kn"}, {"router_gemm", "true"}};
   for (const auto& [field, value] : changes) {
     MoeConfig c = base;
     set_field(c, field, value);
