@@ -11,7 +11,7 @@
 namespace moejit {
 
 struct GeneratedUnit {
-  std::string name;                  // "routing", "index", "quantize", "experts", "combine"
+  std::string name;                  // "routing", "index", "quantize", "gemm1", "gemm2", "combine"
   std::string source;                // the whole translation unit
   std::vector<std::string> entries;  // extern "C" kernels it defines
   std::vector<Stage> stages;         // stages it serves, in plan order

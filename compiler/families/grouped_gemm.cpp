@@ -144,7 +144,7 @@ KernelPlan gemm_kernel(const LayerSpec& c, bool gemm1, const TileShape& tile) {
     k.entry += fmt::format("_wg_s{}", tile.stages);
   else if (tensor_core)
     k.entry += fmt::format("_tc_s{}w{}x{}", tile.stages, tile.warps_m, tile.warps_n);
-  k.unit = "experts";
+  k.unit = gemm1 ? "gemm1" : "gemm2";  // two units, compiled in parallel: together they took most of a cold compile
   k.args_type = "moejit::GemmArgs";
   // GEMM 1 gathers hidden rows (fp8: the tokens' quantized rows) unless w8a8 quantized them into
   // sorted order.

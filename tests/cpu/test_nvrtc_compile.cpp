@@ -36,6 +36,9 @@ void expect_lean_kernels(const CompiledUnit& compiled) {
   EXPECT_EQ(compiled.log.find("serialized"), std::string::npos) << compiled.log;
 }
 
+// The units of the grouped GEMMs (one for GEMM 1's kernels, one for GEMM 2's).
+bool is_gemm_unit(const GeneratedUnit& unit) { return unit.name == "gemm1" || unit.name == "gemm2"; }
+
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   std::string name = info.param.preset + "_" + info.param.arch;
   if (info.param.quant != Quant::None) name += "_" + std::string(to_string(info.param.quant));
@@ -140,12 +143,15 @@ TEST(Nvrtc, EveryTileCandidateCompilesLean) {
         const auto& [g1, g2] = candidates[i];
         SCOPED_TRACE(describe(c) + " " + std::string(b.name()) + " " + describe(g1) + " / " + describe(g2));
         const Plan plan = make_plan(c, "sm_90a", {{std::string(b.name()), true, g1}, {std::string(b.name()), false, g2}});
+        int gemm_units = 0;
         for (const auto& unit : generate(plan).units) {
-          if (unit.name != "experts") continue;
+          if (!is_gemm_unit(unit)) continue;
+          ++gemm_units;
           CompiledUnit compiled;
           ASSERT_NO_THROW(compiled = compile_unit(unit, options));
           expect_lean_kernels(compiled);
         }
+        EXPECT_EQ(gemm_units, 2);
       }
     }
   }
@@ -168,13 +174,16 @@ TEST(Nvrtc, EightBitMmaTilesCompile) {
         EXPECT_EQ(plan.bucket_for(4096).gemm2.kernel, GemmKernel::TensorCore);
         CompileOptions options = compile_options_for(arch);
         options.repro_dir.clear();
+        int gemm_units = 0;
         for (const auto& unit : generate(plan).units) {
-          if (unit.name != "experts") continue;
+          if (!is_gemm_unit(unit)) continue;
+          ++gemm_units;
           CompiledUnit compiled;
           ASSERT_NO_THROW(compiled = compile_unit(unit, options));
           for (const auto& entry : unit.entries) EXPECT_NE(compiled.cubin.find(entry), std::string::npos) << entry;
           if (arch != "sm_90a") expect_lean_kernels(compiled);
         }
+        EXPECT_EQ(gemm_units, 2);
       }
     }
   }
@@ -202,12 +211,15 @@ TEST(Nvrtc, Fp8BlockTwoPassTilesCompileLean) {
       EXPECT_EQ(plan.bucket_for(16384).gemm2.bn, plan.bucket_for(16384).gemm1.bn * 2);
       CompileOptions options = compile_options_for("sm_90a");
       options.repro_dir.clear();
+      int gemm_units = 0;
       for (const auto& unit : generate(plan).units) {
-        if (unit.name != "experts") continue;
+        if (!is_gemm_unit(unit)) continue;
+        ++gemm_units;
         CompiledUnit compiled;
         ASSERT_NO_THROW(compiled = compile_unit(unit, options));
         expect_lean_kernels(compiled);
       }
+      EXPECT_EQ(gemm_units, 2);
     }
   }
 }

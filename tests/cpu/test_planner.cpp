@@ -60,7 +60,7 @@ TEST(Planner, RankDoesNotChangeTheSource) {
 }
 
 // router_gemm changes the routing unit (its router GEMM kernels) and no other: a layer with and
-// without it shares the cache entries of its index, experts and combine units.
+// without it shares the cache entries of its index, GEMM and combine units.
 TEST(Planner, RouterGemmChangesOnlyTheRoutingUnit) {
   for (const char* name : {"qwen3-30b-a3b", "deepseek-v3"}) {
     MoeConfig with = preset(name);
