@@ -32,7 +32,7 @@
 
 namespace moejit {
 
-// The largest power of two of tokens, at most the block's, whose `batch` vectors each fit 16
+// The largest power of two of tokens, at most the block's, whose `batch` vectors together fit 16
 // uint4 registers (at least one token).
 constexpr int router_token_group(int batch, int tokens) {
   int group = 1;
@@ -58,6 +58,7 @@ __device__ void router_logits_simt(const RouterGemmArgs& args) {
   constexpr long long LANE_VECTORS = (ROW_VECTORS + LANES - 1) / LANES;  // a lane's share of a row
   constexpr int BATCH = LANE_VECTORS < Spec::kGateVectors ? static_cast<int>(LANE_VECTORS) : Spec::kGateVectors;
   constexpr int GROUP = router_token_group(BATCH, TPB);  // tokens whose vectors are loaded at once
+  static_assert(TPB % GROUP == 0, "token groups tile the block's tokens (acc[t0 + g] stays in bounds)");
   static_assert(Spec::kWarps % EPB == 0, "kExpertsPerBlock divides kWarps");
   __shared__ float partial[Spec::kWarps][TPB];
 

@@ -8,8 +8,10 @@ linear (the gate weight times the hidden states, in the precision the model uses
 DeepSeek-V3, whose router casts both to fp32, the model dtype for the others) runs in the same call
 (``torch.ops.moejit.moe_layer_gate``) where the layer's router GEMM was the faster on the H200
 (bench/RESULTS.md, session 18): at decode (T <= ROUTER_IN_LAYER_MAX_TOKENS) for every router, at
-every T for fp32 routers (torch casts the gate to fp32 on each call). Elsewhere it stays a torch
-matmul beside the call: the layer's tensor-core router tiles were 0.5-2.5% slower there.
+every T for an fp32 router in a bf16/fp16 model (DeepSeek-V3: torch casts the gate to fp32 on each
+call). Elsewhere it stays a torch matmul beside the call: the layer's tensor-core router tiles were
+0.5-2.5% slower there, and an fp32 model's router GEMM has no tensor-core tiles. Under
+torch.compile the T bound is a guard: a batch on the other side of it compiles a second graph.
 
   block                    routing moejit computes                          residual
   MixtralSparseMoeBlock    softmax, top-k, renormalize                      -
@@ -42,7 +44,9 @@ log = logging.getLogger("moejit")
 __all__ = ["block_rule", "patch_blocks"]
 
 MAX_TOPK = 32  # the library's limit (compiler/moe_config.cpp)
-ROUTER_IN_LAYER_MAX_TOKENS = 32  # the decode bucket's last T: the router GEMM's SIMT kernel
+# The decode bucket's last T (compiler/heuristics/buckets.cpp), where the router GEMM runs its SIMT
+# kernel; if the bucket moves, this only moves where the faster path is taken, not what is computed.
+ROUTER_IN_LAYER_MAX_TOKENS = 32
 
 
 def _routing(block: torch.nn.Module) -> Optional[dict]:
@@ -108,6 +112,7 @@ def block_rule(block: torch.nn.Module, dtype: Optional[torch.dtype] = None):
 def _whole_block_forward(original: Callable, config_json: str, model_config) -> Callable:
     config = json.loads(config_json)
     fp32_router = config["router_dtype"] == "fp32"  # the router's matmul in the precision moejit routes from
+    cast_router = fp32_router and config["dtype"] != "fp32"  # torch would cast the gate to fp32 each call
     with_bias = config["topk_method"] == "noaux_tc"
     gate_json = dataclasses.replace(MoeConfig.from_json(config_json), router_gemm=True).to_json()
 
@@ -127,7 +132,7 @@ def _whole_block_forward(original: Callable, config_json: str, model_config) -> 
         residual = residual.contiguous() if residual is not None else None
         # The router in the call where it was faster (module docstring); a gate weight kept in
         # another dtype than the model's (the layer takes it in the model dtype) stays beside it.
-        if weight.dtype == x.dtype and (fp32_router or x.shape[0] <= ROUTER_IN_LAYER_MAX_TOKENS):
+        if weight.dtype == x.dtype and (cast_router or x.shape[0] <= ROUTER_IN_LAYER_MAX_TOKENS):
             out = torch.ops.moejit.moe_layer_gate(
                 x.contiguous(), weight.contiguous(), self.experts.gate_up_proj, self.experts.down_proj,
                 bias, None, None, None, None, residual, gate_json)

@@ -826,8 +826,12 @@ TEST_P(RouterGemm, LogitsAndLayerAgainstTheReference) {
 INSTANTIATE_TEST_SUITE_P(
     Configs, RouterGemm,
     ::testing::Values(
-        // bf16 logits, as nn.Linear rounds them (Mixtral, Qwen3); H not a multiple of the chunk.
+        // bf16 logits, as nn.Linear rounds them (Mixtral, Qwen3); mid and prefill share one 32 x 16 tile.
         RouterCase{"softmax_bf16", with_router_gemm(small_config(16, 4, 264, 136, DType::BF16), DType::BF16)},
+        // 21 experts on the tensor-core tiles (32 x 32): odd E, so a row's logits start on odd
+        // elements and the tile's last 11 experts are past E.
+        RouterCase{"softmax_21_bf16_odd_experts",
+                   with_router_gemm(small_config(21, 4, 264, 136, DType::BF16), DType::BF16)},
         // fp32 logits from bf16 inputs (Hugging Face's DeepSeek-V3); 256 experts, 2 a block.
         RouterCase{"grouped_sigmoid_256_fp32_logits",
                    with_router_gemm(grouped_sigmoid(256, 8, 1096, 96, DType::BF16), DType::FP32)},
@@ -836,7 +840,7 @@ INSTANTIATE_TEST_SUITE_P(
         // 257 experts, 2 a block: the last block's second warp pair has no expert; bf16 rows of 132
         // (not whole 16-byte vectors): the element-by-element path in bf16.
         RouterCase{"softmax_257_bf16_h132", with_router_gemm(small_config(257, 4, 132, 64, DType::BF16), DType::BF16)},
-        // fp16 with int8 experts; H past one chunk.
+        // fp16 operands on the tensor-core tiles (24 experts in 32-expert tiles), int8 experts.
         RouterCase{"w8a8_fp16", with_router_gemm(
                                     [] {
                                       MoeConfig c = small_config(24, 4, 1320, 128, DType::FP16);
@@ -847,9 +851,10 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // Under memcheck and racecheck: the router GEMM's vector and element paths, one and two token
-// tiles, and both tensor-core tiles with partial token tiles.
+// tiles, and two tensor-core tiles (64 experts: 32 x 32 in the mid bucket, 32 x 64 with two warps
+// along the experts in the prefill ones) with partial token tiles.
 TEST(Sanitize, RouterGemm) {
-  check_router_gemm(with_router_gemm(small_config(16, 4, 264, 136, DType::BF16), DType::BF16), {1, 9, 40, 530});
+  check_router_gemm(with_router_gemm(small_config(64, 4, 264, 136, DType::BF16), DType::BF16), {1, 9, 40, 530});
   check_router_gemm(with_router_gemm(small_config(12, 3, 261, 72, DType::FP32), DType::FP32), {1, 40});
 }
 

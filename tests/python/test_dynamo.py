@@ -283,3 +283,17 @@ def test_moejit_log_reports_replaced_regions(request):
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "moejit backend: replaced" in result.stderr, result.stderr[-3000:]
+
+
+def test_patched_model_across_the_decode_bound(inductor_off):
+    """A whole block takes the router in the call at decode and torch's linear above it (hf_blocks):
+    compiled with a dynamic token count on both sides of the bound, it matches eager on both."""
+    model = moejit.patch(build_model("qwen3_moe"))
+    bound = moejit.hf_blocks.ROUTER_IN_LAYER_MAX_TOKENS
+    tokens = torch.randint(0, 128, (2, bound), generator=torch.Generator().manual_seed(4))
+    compiled = torch.compile(model, backend="moejit", fullgraph=True)
+    with torch.no_grad():
+        for n in (7, bound // 2 + 4):  # T = 14 (decode) and T = 2 * (bound / 2 + 4) > bound
+            x = tokens[:, :n].contiguous()
+            torch._dynamo.mark_dynamic(x, 1)
+            assert rel_error(compiled(x).logits, model(x).logits) < TOLERANCE[torch.float32], n
