@@ -44,6 +44,27 @@ __device__ __forceinline__ void load_matrix_x4(unsigned address, unsigned (&r)[4
                : "r"(address));
 }
 
+// The A fragment of k16 step kk (16 units) of tile rows row0..row0 + 15, from a 128-byte-swizzled
+// tile of 64-unit rows: lanes 0-15 address the rows' first 8 units, lanes 16-31 the next 8.
+template <typename T>
+__device__ __forceinline__ void load_a_fragment(const T* tile, int row0, int kk, int lane, unsigned (&a)[4]) {
+  const int row = row0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  load_matrix_x4(tile::shared_address(tile + tile::swizzled(row, kk * 2 + (lane >> 4))), a);
+}
+
+// Two B fragments of k16 step kk (8 nk-layout weight rows each) from the same kind of tile: `row`
+// is this lane's row, the first fragment's rows for lanes 0-15 and the second's for lanes 16-31.
+template <typename T>
+__device__ __forceinline__ void load_b_fragments(const T* tile, int row, int kk, int lane, unsigned (&b0)[2],
+                                                 unsigned (&b1)[2]) {
+  unsigned r[4];
+  load_matrix_x4(tile::shared_address(tile + tile::swizzled(row, kk * 2 + ((lane >> 3) & 1))), r);
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
+}
+
 __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
                                             const __nv_bfloat16*) {
   asm volatile(
@@ -249,21 +270,11 @@ __device__ void grouped_gemm_mma(const GemmArgs& args) {
     for (int kk = 0; kk < BK / 16; ++kk) {  // 16 units: k16 of 16-bit, k32 of 8-bit operands
       unsigned af[MF][4];
 #pragma unroll
-      for (int i = 0; i < MF; ++i) {
-        const int row = warp_m * WARP_ROWS + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        load_matrix_x4(shared_address(as + swizzled(row, kk * 2 + (lane >> 4))), af[i]);
-      }
+      for (int i = 0; i < MF; ++i) load_a_fragment(as, warp_m * WARP_ROWS + i * 16, kk, lane, af[i]);
       unsigned bf[FRAGS][2];
 #pragma unroll
-      for (int p = 0; p < FRAGS / 2; ++p) {
-        const int row = w_frag_row(2 * p + (lane >> 4)) + (lane & 7);
-        unsigned r[4];
-        load_matrix_x4(shared_address(ws + swizzled(row, kk * 2 + ((lane >> 3) & 1))), r);
-        bf[2 * p][0] = r[0];
-        bf[2 * p][1] = r[1];
-        bf[2 * p + 1][0] = r[2];
-        bf[2 * p + 1][1] = r[3];
-      }
+      for (int p = 0; p < FRAGS / 2; ++p)
+        load_b_fragments(ws, w_frag_row(2 * p + (lane >> 4)) + (lane & 7), kk, lane, bf[2 * p], bf[2 * p + 1]);
 #pragma unroll
       for (int i = 0; i < MF; ++i)
 #pragma unroll

@@ -213,21 +213,12 @@ __device__ void router_logits_mma(const RouterGemmArgs& args) {
     for (int kk = 0; kk < BK / 16; ++kk) {
       unsigned af[MF][4];
 #pragma unroll
-      for (int i = 0; i < MF; ++i) {
-        const int row = warp_m * WARP_ROWS + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        load_matrix_x4(shared_address(as + swizzled(row, kk * 2 + (lane >> 4))), af[i]);
-      }
+      for (int i = 0; i < MF; ++i) load_a_fragment(as, warp_m * WARP_ROWS + i * 16, kk, lane, af[i]);
       unsigned bf[NF][2];
 #pragma unroll
-      for (int p = 0; p < NF / 2; ++p) {
-        const int row = warp_n * WARP_COLS + (2 * p + (lane >> 4)) * 8 + (lane & 7);
-        unsigned r[4];
-        load_matrix_x4(shared_address(ws + swizzled(row, kk * 2 + ((lane >> 3) & 1))), r);
-        bf[2 * p][0] = r[0];
-        bf[2 * p][1] = r[1];
-        bf[2 * p + 1][0] = r[2];
-        bf[2 * p + 1][1] = r[3];
-      }
+      for (int p = 0; p < NF / 2; ++p)
+        load_b_fragments(ws, warp_n * WARP_COLS + (2 * p + (lane >> 4)) * 8 + (lane & 7), kk, lane, bf[2 * p],
+                         bf[2 * p + 1]);
 #pragma unroll
       for (int i = 0; i < MF; ++i)
 #pragma unroll
