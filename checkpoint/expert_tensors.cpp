@@ -37,13 +37,7 @@ int layer_index(std::string_view prefix) {
 
 // The safetensors dtype of the layer's weights.
 std::string weight_dtype(const MoeConfig& c) {
-  if (is_fp8(c.quant)) return "F8_E4M3";
-  switch (c.dtype) {
-    case DType::BF16: return "BF16";
-    case DType::FP16: return "F16";
-    case DType::FP32: return "F32";
-  }
-  return "?";
+  return is_fp8(c.quant) ? "F8_E4M3" : safetensors_dtype(c.dtype);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }

@@ -43,6 +43,15 @@ void check_dtype(std::string_view dtype) {
 
 bool is_float_dtype(std::string_view dtype) { return dtype == "BF16" || dtype == "F16" || dtype == "F32"; }
 
+const char* safetensors_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::BF16: return "BF16";
+    case DType::FP16: return "F16";
+    case DType::FP32: return "F32";
+  }
+  return "?";
+}
+
 float to_float(const unsigned char* p, std::string_view dtype) {
   if (dtype == "F32") {
     float f;

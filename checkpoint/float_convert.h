@@ -9,10 +9,15 @@
 #include <string_view>
 #include <vector>
 
+#include "compiler/moe_config.h"
+
 namespace moejit::checkpoint {
 
 // Whether `dtype` is one of "BF16", "F16", "F32".
 bool is_float_dtype(std::string_view dtype);
+
+// The safetensors name of a layer dtype: "BF16", "F16" or "F32".
+const char* safetensors_dtype(DType dtype);
 
 // The element at `p` (of dtype BF16, F16 or F32) as a float: exact.
 float to_float(const unsigned char* p, std::string_view dtype);

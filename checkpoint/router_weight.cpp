@@ -8,15 +8,6 @@
 namespace moejit::checkpoint {
 namespace {
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::BF16: return "BF16";
-    case DType::FP16: return "F16";
-    case DType::FP32: return "F32";
-  }
-  return "?";
-}
-
 // The bias beside the router weight ("....router.bias"), which the layer cannot add.
 std::string router_bias_name(const MoeLayerTensors& layer) {
   std::string name = router_weight_name(layer);
@@ -53,7 +44,7 @@ ExpectedTensor expected_gate_weight(const MoeConfig& c, const MoeLayerTensors& l
   return {router_weight_name(layer),
           {"BF16", "F16", "F32"},
           {{c.experts, c.hidden}},
-          fmt::format("the router's gate weight (router_gemm; converted to {})", dtype_name(c.dtype))};
+          fmt::format("the router's gate weight (router_gemm; converted to {})", safetensors_dtype(c.dtype))};
 }
 
 HostTensor load_gate_weight(const Checkpoint& checkpoint, const MoeConfig& c, const MoeLayerTensors& layer) {
@@ -68,7 +59,7 @@ HostTensor load_gate_weight(const Checkpoint& checkpoint, const MoeConfig& c, co
                 fmt::format("tensor '{}' {} (experts {}, hidden {}, dtype {})", x.name, problem, c.experts, c.hidden,
                             to_string(c.dtype)));
   const FoundTensor t = checkpoint.find(x.name);
-  const std::string dtype = dtype_name(c.dtype);
+  const std::string dtype = safetensors_dtype(c.dtype);
   return {dtype, {c.experts, c.hidden}, convert_floats(t.file->data(*t.info), t.info->dtype, t.info->elements(), dtype)};
 }
 

@@ -1,4 +1,3 @@
-#include "compiler/families/router_gemm.h"
 #include "compiler/plan.h"
 
 #include <algorithm>

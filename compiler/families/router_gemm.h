@@ -17,10 +17,10 @@ constexpr int kRouterTokensPerBlock = 8;
 constexpr int kRouterWarps = 8;
 constexpr int kRouterGateVectors = 8;
 // Tensor-core kernel: tokens of one block tile; the shared memory its pipeline may fill (at most
-// kRouterMaxStages stages; two blocks an SM). On the H200 (bench/RESULTS.md, session 18) a block
-// of few warps is bound by each k-tile's barrier and mma chain, not by bytes in flight: 16 stages
-// instead of 4 gained ~10% in the mid bucket, and 8 instead of 4 (one block an SM) cost
-// DeepSeek-V3's prefill 60%.
+// kRouterMaxStages stages; two blocks an SM). On the H200 (bench/RESULTS.md, session 18) neither
+// depth nor mma chains bound a block: 16 stages instead of 4 gained ~10% in the mid bucket, 8
+// instead of 4 (one block an SM) cost DeepSeek-V3's prefill 60%, and independent mma chains gained
+// nothing. A block moves ~35 GB/s, one SM's share of HBM, so the mid bucket's few blocks bind.
 constexpr int kRouterTileTokens = 32;
 constexpr int kRouterPipelineBytes = 80 * 1024;
 constexpr int kRouterMaxStages = 16;

@@ -8,8 +8,8 @@
 
 namespace moejit::test {
 
-inline MoeConfig small_config(int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
-  MoeConfig c;
+// `c` resized (experts, top-k, hidden, intermediate) in `dtype`, its router logits too.
+inline MoeConfig sized(MoeConfig c, int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
   c.experts = experts;
   c.topk = topk;
   c.hidden = hidden;
@@ -18,15 +18,13 @@ inline MoeConfig small_config(int experts, int topk, int64_t hidden, int64_t int
   return c;
 }
 
+inline MoeConfig small_config(int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
+  return sized(MoeConfig{}, experts, topk, hidden, inter, dtype);
+}
+
 // DeepSeek-V3's routing (8 groups keep 4, sigmoid, noaux_tc, scale 2.5) at a small size.
 inline MoeConfig grouped_sigmoid(int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
-  MoeConfig c = preset("deepseek-v3");
-  c.experts = experts;
-  c.topk = topk;
-  c.hidden = hidden;
-  c.moe_intermediate = inter;
-  c.dtype = c.router_dtype = dtype;
-  return c;
+  return sized(preset("deepseek-v3"), experts, topk, hidden, inter, dtype);
 }
 
 }  // namespace moejit::test
