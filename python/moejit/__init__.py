@@ -174,9 +174,9 @@ def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True
     implementation, checks every experts module (ValueError for biased, transposed, interleaved or
     ungated experts; NotImplementedError for an unsupported hidden_act) before changing anything, calls
     model.set_experts_implementation("moejit"), and with whole_blocks runs each MoE block whose math
-    moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen3-Next: hf_blocks) as one moejit
+    moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V2/V3, GLM-4.5, Qwen3-Next: hf_blocks) as one moejit
     call: routing, experts and combine; the others keep their own routing. With fuse_shared_experts a
-    whole block whose shared experts are one plain gated MLP (DeepSeek-V3: n_shared_experts 1)
+    whole block whose shared experts are one plain gated MLP (DeepSeek-V3, GLM-4.5: n_shared_experts 1)
     computes them in the same call, its weights moved into packed tensors that its parameters then
     view (no second copy; hf_blocks says what keeps them views); other shared experts are the call's
     residual. With precompile it compiles each distinct config on its device (validates it on CPU).

@@ -5,7 +5,7 @@ combine and, where they are one plain gated MLP, the shared experts, in
 ``moejit.patch(model)`` replaces the forward of each block whose math SPEC.md covers; the experts of
 every other block still run on moejit through the experts implementation (hf.py). The router's
 linear (the gate weight times the hidden states, in the precision the model uses: fp32 for
-DeepSeek-V3, whose router casts both to fp32, the model dtype for the others) runs in
+DeepSeek-V2/V3 and GLM-4.5, whose routers cast both to fp32, the model dtype for the others) runs in
 the same call (``torch.ops.moejit.moe_layer_gate``) where the layer's router GEMM was the faster on
 the H200 (bench/RESULTS.md, session 18): at decode (T <= ROUTER_IN_LAYER_MAX_TOKENS) for every
 router, at every T for an fp32 router in a bf16/fp16 model (DeepSeek-V3: torch casts the gate to fp32
@@ -16,9 +16,12 @@ torch.compile the T bound is a guard: a batch on the other side of it compiles a
   block                    routing moejit computes                           shared experts
   MixtralSparseMoeBlock    softmax, top-k, renormalize                       -
   Qwen3MoeSparseMoeBlock   softmax, top-k, renormalize if norm_topk_prob     -
-  DeepseekV3MoE            sigmoid, correction bias, groups (noaux_tc),      in the call if S = 1 (its
-                             renormalize if norm_topk_prob,                    checkpoints), else residual
-                             routed_scaling_factor                             shared_experts(x)
+  DeepseekV3MoE,           sigmoid, correction bias, groups (noaux_tc),      in the call if S = 1 (both
+  Glm4MoeMoE                 renormalize if norm_topk_prob,                    families' checkpoints), else
+                             routed_scaling_factor                             residual shared_experts(x)
+  DeepseekV2Moe            softmax, top-k (greedy or group_limited_greedy),  as DeepseekV3MoE (its
+                             routed_scaling_factor, never renormalized (its    checkpoints have S = 2:
+                             router ignores norm_topk_prob)                    residual)
   Qwen3NextSparseMoeBlock  softmax, top-k, renormalize if norm_topk_prob     residual sigmoid(shared_expert_gate(x))
                                                                                * shared_expert(x)
 
@@ -34,7 +37,8 @@ block's own forward (the fallbacks below), optimizer steps and load_state_dict r
 memory the fused call reads. Only S == 1 is fused: for S > 1 the shared MLP's down_proj [H, S*I] is not
 a view of w2's [S, H, I] rows (nor gate_proj [S*I, H] of w13's interleaved gate and up rows), and a
 copy of the shared weights would go stale the moment anything updated the parameters in place (a
-training step on the fallback path, load_state_dict): such blocks keep the shared MLP in torch as the call's residual, and MOEJIT_LOG=info says so.
+training step on the fallback path, load_state_dict): such blocks (DeepSeek-V2 and V2-Lite have S = 2)
+keep the shared MLP in torch as the call's residual, and MOEJIT_LOG=info says so.
 
 What keeps the views true: model.to()/cuda()/half() convert the packed tensors and point the
 parameters at the result before converting each parameter (which is then a no-op); a conversion that
@@ -77,23 +81,38 @@ ROUTER_IN_LAYER_MAX_TOKENS = 32
 
 
 def _routing(block: torch.nn.Module) -> Optional[dict]:
-    """The MoeConfig routing fields of the block's class, or None when moejit has no rule for it."""
+    """The MoeConfig routing fields of the block's class, or None when moejit has no rule for it.
+    ValueError (why) for a router variant of a known class that moejit does not compute."""
     kind = type(block).__name__
     gate = getattr(block, "gate", None)
     if kind == "MixtralSparseMoeBlock":
         return dict(scoring="softmax", topk_method="greedy", renormalize=True)
     if kind in ("Qwen3MoeSparseMoeBlock", "Qwen3NextSparseMoeBlock"):
         return dict(scoring="softmax", topk_method="greedy", renormalize=bool(getattr(gate, "norm_topk_prob", False)))
-    if kind == "DeepseekV3MoE":
+    if kind in ("DeepseekV3MoE", "Glm4MoeMoE"):  # the same router code (DeepseekV3TopkRouter, Glm4MoeTopkRouter)
         return dict(scoring="sigmoid", topk_method="noaux_tc", num_expert_group=int(gate.num_group),
                     topk_group=int(gate.topk_group), renormalize=bool(gate.norm_topk_prob),
                     routed_scaling_factor=float(gate.routed_scaling_factor), router_dtype="fp32")
+    if kind == "DeepseekV2Moe":
+        # DeepseekV2TopkRouter: fp32 logits, softmax, top-k of the scores (group_limited_greedy: groups
+        # scored by their best expert, the others' scores set to 0, which SPEC's exclusion matches:
+        # an excluded expert could only be picked with weight 0), times routed_scaling_factor; it
+        # never renormalizes, whatever norm_topk_prob says.
+        method = gate.topk_method
+        common = dict(scoring="softmax", renormalize=False, routed_scaling_factor=float(gate.routed_scaling_factor),
+                      router_dtype="fp32")
+        if method == "greedy":
+            return dict(common, topk_method="greedy")
+        if method == "group_limited_greedy":
+            return dict(common, topk_method="group_limited_greedy", num_expert_group=int(gate.num_group),
+                        topk_group=int(gate.topk_group))
+        raise ValueError(f"topk_method {method!r} is not one DeepseekV2TopkRouter computes (greedy, group_limited_greedy)")
     return None
 
 
 # Blocks whose shared experts are one plain gated MLP, n_shared_experts * moe_intermediate wide, with
 # the model's activation, added to the routed output: block.shared_experts(x).
-_PLAIN_SHARED_MLP = ("DeepseekV3MoE",)
+_PLAIN_SHARED_MLP = ("DeepseekV3MoE", "Glm4MoeMoE", "DeepseekV2Moe")
 
 
 def _residual(block: torch.nn.Module) -> Callable:
@@ -147,6 +166,8 @@ def block_rule(block: torch.nn.Module, dtype: Optional[torch.dtype] = None, fuse
         routing = _routing(block)
     except AttributeError as e:  # a class of that name from other modeling code (trust_remote_code)
         return None, f"{type(block).__name__} is not transformers' own ({e})"
+    except ValueError as e:
+        return None, str(e)
     if routing is None:
         return None, f"no whole-block rule for {type(block).__name__} (its experts still run on moejit)"
     experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)

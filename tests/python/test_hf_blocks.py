@@ -159,8 +159,9 @@ def test_router_linear_joins_the_call_where_it_was_faster(family, router_in_call
             assert rel_error(out, refs[T]) < TOLERANCE[torch.bfloat16], T
 
 
-# Families whose shared experts are one plain gated MLP that the layer computes (n_shared_experts 1).
-FUSED = [("deepseek_v3", {})]
+# Families whose shared experts are one plain gated MLP that the layer computes (n_shared_experts 1);
+# DeepSeek-V2 with its two shared experts keeps them as the residual (hf_blocks' docstring says why).
+FUSED = [("deepseek_v3", {}), ("glm4_moe", {}), ("deepseek_v2", {"n_shared_experts": 1})]
 
 
 def moe_blocks(model):
@@ -348,11 +349,16 @@ def test_conversions_and_copies_keep_one_packed_copy(tokens):
 
 
 def test_shared_experts_the_layer_does_not_compute_stay_the_residual(caplog, tokens):
-    """Two shared experts, and fuse_shared_experts=False, keep the block whole with the shared MLP as
-    the residual, each logged with the reason."""
+    """Two shared experts (DeepSeek-V2's and V2-Lite's), a biased shared MLP (mlp_bias) and
+    fuse_shared_experts=False keep the block whole with the shared MLP as the residual, each logged
+    with the reason."""
     moejit = moejit_module()
-    for n_shared, fuse, why in [(2, True, "n_shared_experts is 2"), (1, False, "fuse_shared_experts=False")]:
-        model = build_model("deepseek_v3", n_shared_experts=n_shared)
+    cases = [("deepseek_v2", {}, True, "n_shared_experts is 2"),
+             ("deepseek_v3", {"n_shared_experts": 2}, True, "n_shared_experts is 2"),
+             ("deepseek_v2", {"n_shared_experts": 1, "mlp_bias": True}, True, "biases"),
+             ("deepseek_v3", {}, False, "fuse_shared_experts=False")]
+    for family, overrides, fuse, why in cases:
+        model = build_model(family, **overrides)
         with torch.no_grad():
             model.set_experts_implementation("eager")
             ref = model(tokens).logits
@@ -360,8 +366,31 @@ def test_shared_experts_the_layer_does_not_compute_stay_the_residual(caplog, tok
             with caplog.at_level(logging.INFO, logger="moejit"):
                 moejit.patch(model, fuse_shared_experts=fuse)
             (block,) = moe_blocks(model)
-            assert not json.loads(block._moejit_whole_block)["fuse_shared_experts"]
+            assert not json.loads(block._moejit_whole_block)["fuse_shared_experts"], (family, why)
             assert not hasattr(block, "_moejit_w13")
             assert any("runs whole" in r.getMessage() and "residual" in r.getMessage() and why in r.getMessage()
-                       for r in caplog.records), why
-            assert rel_error(model(tokens).logits, ref) < TOLERANCE[torch.float32], why
+                       for r in caplog.records), (family, why)
+            assert rel_error(model(tokens).logits, ref) < TOLERANCE[torch.float32], (family, why)
+
+
+@pytest.mark.parametrize("topk_method", ["greedy", "group_limited_greedy"])
+def test_deepseek_v2_routing(topk_method, tokens):
+    """DeepSeek-V2's router (softmax; greedy or groups by their best expert; scaled, never
+    renormalized, even with norm_topk_prob set) in the call equals transformers'."""
+    moejit = moejit_module()
+    model = build_model("deepseek_v2", topk_method=topk_method, norm_topk_prob=True, n_shared_experts=1)
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        ref = model(tokens).logits
+        moejit.patch(model)
+        config = json.loads(moe_blocks(model)[0]._moejit_whole_block)
+        assert config["topk_method"] == topk_method and not config["renormalize"]
+        assert rel_error(model(tokens).logits, ref) < TOLERANCE[torch.float32]
+
+
+def test_deepseek_v2_router_variant_without_a_rule_is_not_taken():
+    moejit = moejit_module()
+    block = build_model("deepseek_v2").model.layers[0].mlp
+    block.gate.topk_method = "noaux_tc"  # DeepseekV2TopkRouter computes only greedy and group_limited_greedy
+    config, why = moejit.hf_blocks.block_rule(block)
+    assert config is None and "topk_method 'noaux_tc'" in why
