@@ -67,6 +67,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.dlpack
 
 from .config import MoeConfig, activation_from_hf, check_hf_experts, dtype_name
 
@@ -291,13 +292,13 @@ def _state_dict_own_storages(block: torch.nn.Module, state_dict: dict, prefix: s
     """state_dict post-hook: the tensors of the packed parameters share one storage, which
     transformers' save_pretrained takes for weights tied at runtime: it clones each such tensor before
     writing, every packed block's weights then twice in memory. Each gets a tensor of its own storage
-    over the same memory (DLPack: no copy), which savers write as it is. keep_vars=True asks for the
-    Parameters themselves: those stay."""
+    over the same memory (a DLPack capsule: no copy, no stream handshake), which savers write as it
+    is. keep_vars=True asks for the Parameters themselves: those stay."""
     for path, _ in _PACKED_PARAMS:
         key = prefix + ".".join(path)
         t = state_dict.get(key)
         if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and t.device.type in ("cpu", "cuda"):
-            state_dict[key] = torch.from_dlpack(t)
+            state_dict[key] = torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(t))
 
 
 def _fuse_shared_experts(block: torch.nn.Module) -> None:
