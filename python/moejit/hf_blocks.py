@@ -193,6 +193,11 @@ def block_rule(block: torch.nn.Module, dtype: Optional[torch.dtype] = None, fuse
     fields = dict(experts=int(experts.num_experts), topk=topk, hidden=int(experts.hidden_dim),
                   moe_intermediate=int(experts.intermediate_dim), activation=activation, dtype=dtype_name(dtype))
     fields.update(routing)
+    groups, kept = fields.get("num_expert_group", 1), fields.get("topk_group", 1)
+    if groups > 1 and topk > kept * (fields["experts"] // groups):
+        # Transformers would pick excluded experts then (with weight 0, or DeepSeek-V3's with their
+        # score); routing picks K distinct allowed experts and refuses such a config.
+        return None, f"top-k {topk} is more than the experts in the {kept} kept group(s) of {groups}"
     if fields.get("router_dtype") is None:
         fields["router_dtype"] = dtype_name(dtype)
     if fuse_shared_experts:

@@ -394,3 +394,13 @@ def test_deepseek_v2_router_variant_without_a_rule_is_not_taken():
     block.gate.topk_method = "noaux_tc"  # DeepseekV2TopkRouter computes only greedy and group_limited_greedy
     config, why = moejit.hf_blocks.block_rule(block)
     assert config is None and "topk_method 'noaux_tc'" in why
+
+
+def test_top_k_beyond_the_kept_groups_is_not_taken():
+    """4 of 8 experts in the one kept group of 2, top-5: routing could not pick 5 distinct allowed
+    experts (transformers picks an excluded one), so the block keeps its own routing."""
+    moejit = moejit_module()
+    block = build_model("deepseek_v3").model.layers[0].mlp
+    block.gate.top_k = 5
+    config, why = moejit.hf_blocks.block_rule(block)
+    assert config is None and "top-k 5 is more than the experts in the 1 kept group(s) of 2" in why
