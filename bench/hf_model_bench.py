@@ -3,64 +3,108 @@
 experts implementation (routing stays transformers'), and on moejit's whole blocks (routing, experts
 and combine in one call: python/moejit/hf_blocks.py), eager and under torch.compile, in one process.
 
-The model is built from a config (random weights, no download): by default Qwen3-30B-A3B's MoE shape
-(hidden 2048, 128 experts, top-8, moe_intermediate 768) with 2 decoder layers, bf16. Each variant
-gets its own copy of the same weights. Timing: CUDA events around single forwards (the eager HF
-paths sync the host, so no CUDA graphs), median of --iters after --warmup; logits' relative error
-against the grouped_mm variant's on one input.
+The model is built from a config (random weights, no download), with --layers decoder layers, bf16:
+  --model qwen3_moe    (default) Qwen3-30B-A3B's MoE shape: hidden 2048, 128 experts, top-8,
+                       moe_intermediate 768
+  --model deepseek_v3  DeepSeek-V3's MoE shape: hidden 7168, 256 experts, top-8 of 8 groups (best 4),
+                       moe_intermediate 2048, one shared expert, every layer MoE; attention kept cheap
+                       (8 heads, no q LoRA). Its whole blocks run twice: the shared expert fused in the
+                       call (moejit.patch's default) and as the call's residual (torch's shared MLP,
+                       fuse_shared_experts=False), to measure what the fusion saves.
+Each variant builds its own model from the same seed (the same weights), on the device, and is freed
+before the next is built: a 2-layer DeepSeek-V3-shaped model is 45 GB. Timing: CUDA events around
+single forwards (the eager HF paths sync the host, so no CUDA graphs), median of --iters after
+--warmup; logits' relative error against the grouped_mm variant's on one input.
 
   PYTHONPATH=python python3 bench/hf_model_bench.py --tokens 1 64 2048 --out $OUT/hf_model.md
-  python3 bench/hf_model_bench.py --tiny        # CPU, a tiny model: checks that the variants agree
+  PYTHONPATH=python python3 bench/hf_model_bench.py --model deepseek_v3 --no-compile --tokens 1 16 128 2048
+  python3 bench/hf_model_bench.py --tiny [--model deepseek_v3]   # CPU, a tiny model: the variants agree
 """
 
 import argparse
-import copy
+import gc
 import statistics
 import sys
 import time
 
 import torch
 
+MODELS = {"qwen3_moe": "Qwen3-MoE", "deepseek_v3": "DeepSeek-V3"}
 
-def build_model(args, device):
+
+def model_config(args):
+    """(config, model class) of --model at its published MoE shape, or a tiny one with --tiny."""
     import transformers
 
+    positions = dict(vocab_size=args.vocab, num_hidden_layers=args.layers, max_position_embeddings=max(args.tokens) + 8)
+    if args.model == "deepseek_v3":
+        if args.tiny:
+            shape = dict(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                         n_group=2, topk_group=1, num_attention_heads=4, kv_lora_rank=16, qk_rope_head_dim=8,
+                         qk_nope_head_dim=8, v_head_dim=16)
+        else:  # DeepSeek-V3's published MoE shape; its attention (128 heads, q LoRA) is not what is measured
+            shape = dict(hidden_size=7168, moe_intermediate_size=2048, n_routed_experts=256, num_experts_per_tok=8,
+                         n_group=8, topk_group=4, num_attention_heads=8, kv_lora_rank=512, qk_rope_head_dim=64,
+                         qk_nope_head_dim=128, v_head_dim=128)
+        config = transformers.DeepseekV3Config(
+            **positions, **shape, num_key_value_heads=shape["num_attention_heads"], q_lora_rank=None,
+            n_shared_experts=1, first_k_dense_replace=0, routed_scaling_factor=2.5, norm_topk_prob=True)
+        return config, transformers.DeepseekV3ForCausalLM
     if args.tiny:
         shape = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
                      num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     else:  # Qwen3-30B-A3B's published config, with fewer layers
         shape = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                      num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128)
-    config = transformers.Qwen3MoeConfig(vocab_size=args.vocab, num_hidden_layers=args.layers, norm_topk_prob=True,
-                                         max_position_embeddings=max(args.tokens) + 8, **shape)
-    torch.manual_seed(0)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(0)
+    return transformers.Qwen3MoeConfig(**positions, **shape, norm_topk_prob=True), transformers.Qwen3MoeForCausalLM
+
+
+def build_model(args, device):
+    """The model on the device in its dtype (fp32 for --tiny, else bf16), weights ~ N(0, std) (and
+    DeepSeek's correction bias) drawn from a generator on the device seeded 0: every call builds the
+    same weights. std 0.02; 0.1 for --tiny, whose MoE output would otherwise be too small to move the
+    fp32 logits at all (its check would pass with any experts)."""
+    config, model_cls = model_config(args)
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    std = 0.1 if args.tiny else 0.02
+    with torch.device(device):
+        model = model_cls._from_config(config, dtype=dtype).eval()
+    gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    dtype = torch.float32 if args.tiny else torch.bfloat16
-    return model.to(device=device, dtype=dtype)
+            p.normal_(0.0, std, generator=gen)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, std, generator=gen)
+    return model
 
 
-def variants(base, compile_too):
-    """(name, model) per variant, each on its own copy of the weights."""
+def variants(args, device, compile_too):
+    """(name, build the eager model, compiled variant's name or None, torch.compile arguments), each
+    build on a fresh copy of the same weights."""
     import moejit
 
-    out = []
-    grouped = copy.deepcopy(base)
-    grouped.set_experts_implementation("grouped_mm" if next(base.parameters()).is_cuda else "batched_mm")
-    out.append(("transformers " + grouped.config._experts_implementation, grouped))
-    experts = moejit.patch(copy.deepcopy(base), whole_blocks=False, progress=False)
-    out.append(("moejit experts (HF routing)", experts))
-    whole = moejit.patch(copy.deepcopy(base), progress=False)
-    out.append(("moejit whole blocks", whole))
-    if compile_too:
-        out.append(("transformers " + grouped.config._experts_implementation + ", inductor",
-                    torch.compile(grouped, fullgraph=False)))
-        out.append(("moejit experts, compiled", torch.compile(experts, backend="moejit")))
-        out.append(("moejit whole blocks, compiled", torch.compile(whole, backend="moejit")))
-    return out
+    impl = "grouped_mm" if device.type == "cuda" else "batched_mm"
+
+    def transformers_impl():
+        model = build_model(args, device)
+        model.set_experts_implementation(impl)
+        return model
+
+    def patched(**kwargs):
+        return lambda: moejit.patch(build_model(args, device), progress=False, **kwargs)
+
+    out = [(f"transformers {impl}", transformers_impl, f"transformers {impl}, inductor", dict(fullgraph=False)),
+           ("moejit experts (HF routing)", patched(whole_blocks=False), "moejit experts, compiled",
+            dict(backend="moejit"))]
+    if args.model == "deepseek_v3":
+        out += [("moejit whole blocks, shared experts fused", patched(),
+                 "moejit whole blocks, shared experts fused, compiled", dict(backend="moejit")),
+                ("moejit whole blocks, shared experts as residual", patched(fuse_shared_experts=False),
+                 "moejit whole blocks, shared experts as residual, compiled", dict(backend="moejit"))]
+    else:
+        out.append(("moejit whole blocks", patched(), "moejit whole blocks, compiled", dict(backend="moejit")))
+    return [(name, build, cname if compile_too else None, ckw) for name, build, cname, ckw in out]
 
 
 def time_forward(model, ids, args, cuda):
@@ -84,8 +128,20 @@ def time_forward(model, ids, args, cuda):
     return statistics.median(times)
 
 
+def measure(model, args, device, cuda):
+    """[(ms, logits)] per --tokens T."""
+    row = []
+    for T in args.tokens:
+        ids = torch.randint(0, args.vocab, (1, T), generator=torch.Generator().manual_seed(T)).to(device)
+        with torch.no_grad():
+            logits = model(ids).logits.float()
+        row.append((time_forward(model, ids, args, cuda), logits))
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen3_moe", help="the MoE shape (module docstring)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 2048])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=1024, help="vocabulary (small: the LM head is not what is measured)")
@@ -99,25 +155,30 @@ def main(argv=None):
         args.tokens, args.iters, args.warmup = [1, 5], 2, 1
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda" if cuda else "cpu")
-    base = build_model(args, device)
-    rows, worst = [], 0.0
-    names = []
-    for name, model in variants(base, compile_too=not args.no_compile):
-        names.append(name)
-        row = []
-        for T in args.tokens:
-            ids = torch.randint(0, args.vocab, (1, T), generator=torch.Generator().manual_seed(T)).to(device)
-            with torch.no_grad():
-                logits = model(ids).logits.float()
-            row.append((time_forward(model, ids, args, cuda), logits))
-        rows.append(row)
-    lines = [f"# HF model forward: Qwen3-MoE-shaped, {args.layers} layers, {'bf16 on ' + torch.cuda.get_device_name() if cuda else 'fp32 on CPU'}",
+    eager, compiled, results = [], [], {}
+    for name, build, compiled_name, compile_kwargs in variants(args, device, compile_too=not args.no_compile):
+        model = build()
+        eager.append(name)
+        results[name] = measure(model, args, device, cuda)
+        if compiled_name is not None:
+            compiled.append(compiled_name)
+            results[compiled_name] = measure(torch.compile(model, **compile_kwargs), args, device, cuda)
+        # One model at a time on the device; each compiled variant starts from an empty dynamo cache.
+        del model
+        torch._dynamo.reset()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    names = eager + compiled
+    where = "bf16 on " + torch.cuda.get_device_name() if cuda else "fp32 on CPU"
+    lines = [f"# HF model forward: {MODELS[args.model]}-shaped, {args.layers} layers, {where}",
              "", f"Command: {' '.join(sys.argv)}", "",
              "| variant | " + " | ".join(f"T={T} ms (rel.err)" for T in args.tokens) + " |",
              "|---|" + "---|" * len(args.tokens)]
-    for name, row in zip(names, rows):
+    worst = 0.0
+    for name in names:
         cells = []
-        for (ms, logits), (_, ref) in zip(row, rows[0]):
+        for (ms, logits), (_, ref) in zip(results[name], results[names[0]]):
             err = float((logits - ref).norm() / ref.norm().clamp_min(1e-30))
             worst = max(worst, err)
             cells.append(f"{ms:.3f} ({err:.1e})")

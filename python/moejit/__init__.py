@@ -169,14 +169,18 @@ def compile(config: Union[MoeConfig, str, Iterable], device=None, progress: bool
 
 
 def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True,
-          whole_blocks: bool = True) -> torch.nn.Module:
+          whole_blocks: bool = True, fuse_shared_experts: bool = True) -> torch.nn.Module:
     """Makes a Hugging Face MoE model run its MoE layers on moejit: registers the "moejit" experts
     implementation, checks every experts module (ValueError for biased, transposed, interleaved or
     ungated experts; NotImplementedError for an unsupported hidden_act) before changing anything, calls
     model.set_experts_implementation("moejit"), and with whole_blocks runs each MoE block whose math
-    moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen3-Next: hf_blocks) as one moejit call: routing,
-    experts and combine, the shared experts as its residual; the others keep their own routing. With
-    precompile it compiles each distinct config on its device (validates it on CPU). Returns the model."""
+    moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V2/V3, GLM-4.5, Qwen3-Next: hf_blocks) as one moejit
+    call: routing, experts and combine; the others keep their own routing. With fuse_shared_experts a
+    whole block whose shared experts are one plain gated MLP (DeepSeek-V3, GLM-4.5: n_shared_experts 1)
+    computes them in the same call, its weights moved into packed tensors that its parameters then
+    view (no second copy; hf_blocks says what keeps them views); other shared experts are the call's
+    residual. With precompile it compiles each distinct config on its device (validates it on CPU).
+    Returns the model."""
     hf.register()
     modules = hf.find_experts_modules(model)
     if not modules:
@@ -194,7 +198,7 @@ def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True
         by_device.setdefault(module.gate_up_proj.device, {}).setdefault(cfg, []).append(name)
     model.set_experts_implementation(hf.IMPLEMENTATION_NAME)
     if whole_blocks:
-        for name, cfg in hf_blocks.patch_blocks(model).items():
+        for name, cfg in hf_blocks.patch_blocks(model, fuse_shared_experts=fuse_shared_experts).items():
             device = model.get_submodule(name).experts.gate_up_proj.device
             by_device.setdefault(device, {}).setdefault(cfg, []).append(name)
     if precompile:

@@ -28,7 +28,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # a different order than eager's matmuls, which moves fp32 results by ~1e-7); bf16 is SPEC's 2e-2.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
-FAMILIES = ["mixtral", "qwen3_moe", "deepseek_v3", "qwen3_next"]
+FAMILIES = ["mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "deepseek_v2", "qwen3_next"]
 
 HIDDEN, MOE_INTERMEDIATE, VOCAB = 64, 32, 128
 
@@ -83,6 +83,20 @@ def _config(family: str, **overrides):
                   n_shared_experts=1, num_hidden_layers=1, q_lora_rank=None, kv_lora_rank=16,
                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, routed_scaling_factor=2.5)
         cls, model_cls = transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM
+    elif family == "glm4_moe":
+        kw = dict(common, intermediate_size=96, moe_intermediate_size=MOE_INTERMEDIATE, n_routed_experts=8,
+                  num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=0, n_shared_experts=1,
+                  num_hidden_layers=1, head_dim=16, routed_scaling_factor=2.5)
+        cls, model_cls = transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM
+    elif family == "deepseek_v2":
+        # DeepSeek-V2's router: softmax, groups scored by their best expert, no renormalization; two
+        # shared experts, as DeepSeek-V2 and V2-Lite have (so the shared MLP stays the residual).
+        kw = dict(common, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=MOE_INTERMEDIATE,
+                  n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                  topk_method="group_limited_greedy", first_k_dense_replace=0, n_shared_experts=2, num_hidden_layers=1,
+                  q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                  routed_scaling_factor=1.5)
+        cls, model_cls = transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM
     elif family == "qwen3_next":
         kw = dict(common, intermediate_size=96, moe_intermediate_size=MOE_INTERMEDIATE,
                   shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
