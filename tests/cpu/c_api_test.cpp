@@ -2,6 +2,7 @@
 // on a machine with no driver is code 1 saying so; null arguments never crash.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -125,6 +126,16 @@ TEST(CApi, ExpertsLoadReadsTheCheckpointBeforeTheDevice) {
   std::filesystem::remove_all(broken);
   std::filesystem::remove_all(good);
   std::filesystem::remove_all(gated);
+}
+
+// moejit_inputs only grows at its end (its comment's promise to callers built against an older
+// header): gate_bias, the last entry added, comes after gate_weight and ends the struct.
+TEST(CApi, InputsGrowAtTheirEnd) {
+  static_assert(offsetof(moejit_inputs, gate_weight) == 12 * sizeof(void*));
+  static_assert(offsetof(moejit_inputs, gate_bias) == offsetof(moejit_inputs, gate_weight) + sizeof(void*));
+  static_assert(sizeof(moejit_inputs) == offsetof(moejit_inputs, gate_bias) + sizeof(void*));
+  moejit_inputs in = {0};
+  EXPECT_EQ(in.gate_bias, nullptr);
 }
 
 }  // namespace
