@@ -210,37 +210,41 @@ def router_bias_case(dtype, tokens, seed=0):
     return x, gate, bias, w13, w2, b13, b2
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, router_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                                  (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("tokens", [0, 1, 7])
-def test_router_bias_layer_matches_float64_reference(dtype, router_dtype, tokens):
-    x, gate, bias, w13, w2, b13, b2 = router_bias_case(dtype, tokens)
+def test_router_bias_layer_matches_float64_reference(device, dtype, router_dtype, tokens):
+    case = router_bias_case(dtype, tokens)
+    x, gate, bias, w13, w2, b13, b2 = (t.to(device) for t in case)
     cfg = gpt_oss_config(dtype, router_gemm=True, router_bias=True, router_dtype=router_dtype)
     got = torch.ops.moejit.moe_layer_gate(x, gate, w13, w2, None, None, None, None, None, None, cfg.to_json(),
                                           w13_bias=b13, w2_bias=b2, gate_bias=bias)
-    assert got.shape == (tokens, H) and got.dtype == dtype
+    assert got.shape == (tokens, H) and got.dtype == dtype and got.device == x.device
     if not tokens:
         return
-    want, ids = float64_layer(x, gate, bias, w13, w2, b13, b2, router_dtype)
-    assert rel_error(got, want) < TOLERANCE[dtype]
+    want, ids = float64_layer(*case, router_dtype)
+    assert rel_error(got.cpu(), want) < TOLERANCE[dtype]
     # The bias decides routes here: without it the tokens go elsewhere, and the layer is far off.
-    _, unbiased_ids = float64_layer(x, gate, torch.zeros_like(bias), w13, w2, b13, b2, router_dtype)
+    _, unbiased_ids = float64_layer(case[0], case[1], torch.zeros_like(case[2]), *case[3:], router_dtype)
     assert not torch.equal(ids, unbiased_ids)
     zero = torch.ops.moejit.moe_layer_gate(x, gate, w13, w2, None, None, None, None, None, None, cfg.to_json(),
                                            w13_bias=b13, w2_bias=b2, gate_bias=torch.zeros_like(bias))
-    assert rel_error(zero, want) > 0.1
+    assert rel_error(zero.cpu(), want) > 0.1
     # MoELayer holds the bias and passes it.
     layer = MoELayer(cfg, w13, w2, w13_bias=b13, w2_bias=b2, gate_weight=gate, gate_bias=bias)
     assert torch.equal(layer(x), got)
 
 
-def test_router_bias_layer_matches_hf_gpt_oss_mlp():
+@pytest.mark.parametrize("device", DEVICES)
+def test_router_bias_layer_matches_hf_gpt_oss_mlp(device):
     """moe_layer_gate with the router's weight and bias equals transformers' GptOssMLP, whose router is
     F.linear(hidden, weight, bias)."""
     _, mlp = hf_modules(hidden=64, inter=32, experts=8)
     with torch.no_grad():
         mlp.router.bias.mul_(5.0)  # routes the bias decides
-    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(2))
+    mlp = mlp.to(device)
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(2)).to(device)
     with torch.no_grad():
         want, _ = mlp(x.view(1, 9, 64))
     w13, w2, b13, b2 = moejit_tensors(mlp.experts)
