@@ -12,8 +12,11 @@ whatever ``hidden_act`` says.
 GptOssExperts stores gate_up_proj [E, H, 2I] with the gate and up columns interleaved (gate 2i, up
 2i + 1) and down_proj [E, I, H]: moejit's layer takes w13 [E, 2I, H] (gate rows, then up rows) and w2
 [E, H, I]. ``packed_weights`` repacks them once per module and keeps the copy on the module: a second
-copy of the experts' weights (the size of the module's own), the price of the tensor-core GEMMs,
-which read the nk layout. In eager mode the copy is rebuilt when a parameter was replaced, moved,
+copy of the experts' weights (the size of the module's own). hf_blocks' shared-expert packing makes
+the Hugging Face parameters views of the packed tensors instead; no view can serve here, since HF's
+column c of gate_up_proj is packed row (c % 2) * I + c // 2, not an affine function of c (and the kn
+layout, which would spare the transpose, still needs the de-interleave, and runs only the SIMT
+GEMMs). In eager mode the copy is rebuilt when a parameter was replaced, moved,
 converted or written in place (its version counter); under torch.compile the copy made before
 tracing is used (``moejit.patch`` makes it), and a module without one is refused by name.
 
