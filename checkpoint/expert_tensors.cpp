@@ -188,6 +188,7 @@ std::vector<ExpectedTensor> expected_tensors(const MoeConfig& c, const MoeLayerT
   if (c.topk_method == TopkMethod::NoauxTc)
     add(correction_bias_name(layer), {"F32", "BF16", "F16"}, {{E}}, "the routing correction bias (topk_method noaux_tc)");
   if (c.router_gemm) out.push_back(expected_gate_weight(c, layer));
+  if (c.router_bias) out.push_back(expected_gate_bias(c, layer));
   return out;
 }
 
@@ -207,7 +208,7 @@ std::vector<std::pair<const char*, const HostTensor*>> ExpertWeights::named() co
   std::vector<std::pair<const char*, const HostTensor*>> out = {{"w13", &w13}, {"w2", &w2}};
   const std::pair<const char*, const std::optional<HostTensor>*> optional[] = {
       {"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"e_score_correction_bias", &correction_bias},
-      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}, {"gate_weight", &gate_weight}};
+      {"w13_bias", &w13_bias}, {"w2_bias", &w2_bias}, {"gate_weight", &gate_weight}, {"gate_bias", &gate_bias}};
   for (const auto& [name, t] : optional)
     if (t->has_value()) out.emplace_back(name, &**t);
   return out;
@@ -423,6 +424,7 @@ ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& c, con
     out.correction_bias = floats(bias, {E});
   }
   if (c.router_gemm) out.gate_weight = load_gate_weight(checkpoint, c, layer);
+  if (c.router_bias) out.gate_bias = load_gate_bias(checkpoint, c, layer);
   return out;
 }
 

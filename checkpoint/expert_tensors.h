@@ -9,7 +9,8 @@
 //     `.down_proj_bias` [E, H]; packed into the layer's nk layout (transposed, de-interleaved)
 // fp8 scales sit beside each weight as `<weight>_scale_inv` (HF's name; they multiply), DeepSeek's
 // correction bias at `<layer>.mlp.gate.e_score_correction_bias`, the router's gate weight (loaded
-// for router_gemm) at `<prefix>.gate.weight`, gpt-oss's at `.router.weight` (checkpoint/router_weight.h).
+// for router_gemm) at `<prefix>.gate.weight`, gpt-oss's at `.router.weight` with its bias (loaded
+// for router_bias) at `.router.bias` (checkpoint/router_weight.h).
 #pragma once
 
 #include <cstdint>
@@ -60,8 +61,8 @@ struct ExpectedTensor {
 };
 
 // Every tensor the config needs for experts [first, first + count) of the layer (and the layer's
-// own: the correction bias for noaux_tc, the router's gate weight for router_gemm), in the
-// checkpoint's full shapes.
+// own: the correction bias for noaux_tc, the router's gate weight for router_gemm and its bias for
+// router_bias), in the checkpoint's full shapes.
 std::vector<ExpectedTensor> expected_tensors(const MoeConfig& config, const MoeLayerTensors& layer, int first, int count);
 
 // Why the checkpoint's tensor does not meet `expected` ("missing", "is [2, 3] F32; ..."), or empty.
@@ -80,22 +81,24 @@ struct HostTensor {
 // intermediate columns from tp_rank * I_loc; fp8 scales in the layer's shapes; the correction bias
 // [E] as fp32 for noaux_tc; the expert biases (expert_bias) as fp32 w13_bias [E_loc, 2I_loc] (gate,
 // then up) and w2_bias [E_loc, H]; with router_gemm the router's gate_weight [E, H] in the model
-// dtype, every expert's row on every rank (routing is global: neither ep_rank nor tp_rank slices it).
+// dtype, every expert's row on every rank (routing is global: neither ep_rank nor tp_rank slices it),
+// and with router_bias its gate_bias [E] in the model dtype.
 struct ExpertWeights {
   HostTensor w13, w2;
-  std::optional<HostTensor> w13_scale, w2_scale, correction_bias, w13_bias, w2_bias, gate_weight;
+  std::optional<HostTensor> w13_scale, w2_scale, correction_bias, w13_bias, w2_bias, gate_weight, gate_bias;
 
   // The tensors present, under the names the layer's inputs use ("w13", "w2", "w13_scale",
-  // "w2_scale", "e_score_correction_bias", "w13_bias", "w2_bias", "gate_weight"), in that order.
+  // "w2_scale", "e_score_correction_bias", "w13_bias", "w2_bias", "gate_weight", "gate_bias"), in
+  // that order.
   std::vector<std::pair<const char*, const HostTensor*>> named() const;
 };
 
 // Reads and packs one layer. Throws InvalidInput naming the tensor (and its file) that is missing,
 // has the wrong dtype or shape, or cannot be represented in the layer's layout (fp8 scale blocks
 // that a rank's slice of I would split; per-tensor fp8 with different gate and up scales), and
-// refuses router_gemm for a router with a bias (gpt-oss's) by name.
+// refuses router_gemm without router_bias for a router with a bias (gpt-oss's) by name.
 // The buffers hold the rank's whole share of the layer: E_loc * 3 * H * I_loc weights (and the
-// router's E * H).
+// router's E * H, and E for its bias).
 ExpertWeights load_experts(const Checkpoint& checkpoint, const MoeConfig& config, const MoeLayerTensors& layer);
 
 }  // namespace moejit::checkpoint

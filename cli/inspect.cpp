@@ -62,14 +62,16 @@ bool report_layer(const Checkpoint& ckpt, const std::vector<std::string>& names,
     const std::string problem = tensor_problem(ckpt, x);
     if (!problem.empty()) problems.push_back(fmt::format("'{}' {}", x.name, problem));
   }
-  // A router the layer cannot compute (gpt-oss's, with a bias) is a problem even when every tensor is there.
+  // A router the layer cannot compute (gpt-oss's, with a bias, without router_bias) is a problem even
+  // when every tensor is there.
   if (const std::string refusal = router_gemm_refusal(ckpt, config, layer); !refusal.empty())
     problems.insert(problems.begin(), refusal);
   for (const auto& [name, g] : groups)
     fmt::print("  {:<44} {:>4}/{:<4} {:<24} {:>10}\n", name, g.found, g.expected, fmt::join(g.looks, " | "),
                human_bytes(g.bytes));
-  // What else the layer's block holds and this config does not read: the router's weight (read for
-  // router_gemm), shared experts (read for fuse_shared_experts), Qwen's shared expert gate.
+  // What else the layer's block holds and this config does not read: the router's weight and bias
+  // (read for router_gemm, router_bias), shared experts (read for fuse_shared_experts), Qwen's shared
+  // expert gate.
   const std::string block = layer.prefix + ".";
   for (auto it = std::lower_bound(names.begin(), names.end(), block); it != names.end() && it->starts_with(block); ++it) {
     const std::string& name = *it;
@@ -108,9 +110,10 @@ int inspect(const ConfigOptions& inputs, const InspectOptions& options) {
   const std::vector<std::string> names = ckpt.names();
   fmt::print("checkpoint {}: {} files, {} tensors\n", ckpt.dir(), ckpt.files().size(), names.size());
   fmt::print("config: experts {}, hidden {}, moe_intermediate {}, gated {}, dtype {}, quant {}, topk_method {}, "
-             "router_gemm {}; ep_rank {} of {}, tp_rank {} of {}\n",
+             "router_gemm {}, router_bias {}; ep_rank {} of {}, tp_rank {} of {}\n",
              config.experts, config.hidden, config.moe_intermediate, config.gated, to_string(config.dtype),
-             to_string(config.quant), to_string(config.topk_method), config.router_gemm, config.ep_rank,
+             to_string(config.quant), to_string(config.topk_method), config.router_gemm, config.router_bias,
+             config.ep_rank,
              config.ep_size, config.tp_rank, config.tp_size);
   const std::vector<MoeLayerTensors> layers = find_moe_layers(ckpt);
   if (layers.empty()) {

@@ -236,7 +236,7 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   inspect_cmd->add_option("--dump-experts", inspect_options.dump_experts,
                           "write the layer's experts packed for the config's rank (w13, w2, scales, correction bias; "
-                          "gate_weight with --router-gemm true) to this .safetensors file");
+                          "gate_weight with --router-gemm true, gate_bias with --router-bias true) to this .safetensors file");
 
   try {
     app.parse(argc, argv);

@@ -16,14 +16,15 @@ std::string header_comment(const Plan& plan, const std::string& unit) {
                                 "// `moejit dump-source`. Unit '{}' for arch {}.\n//\n// Config:\n",
                                 kMoejitVersion, kGeneratorVersion, unit, plan.arch);
   // The spec holds no rank (they are run-time arguments), so every rank of a parallel group shares
-  // one binary and one cache entry. Likewise router_gemm, which changes only the unit holding the
-  // router GEMM: the other units of a layer with and without it are the same source, so one cache
-  // entry (Hugging Face whole blocks use both configs, hf_blocks.py).
+  // one binary and one cache entry. Likewise router_gemm and router_bias, which change only the unit
+  // holding the router GEMM: the other units of a layer with and without them are the same source,
+  // so one cache entry (Hugging Face whole blocks use both configs, hf_blocks.py).
   bool has_router = false;
   for (const auto& k : plan.kernels) has_router |= k.unit == unit && k.role == KernelRole::RouterGemm;
   std::istringstream lines(describe(plan.spec));
   for (std::string line; std::getline(lines, line);)
-    if (has_router || !line.starts_with("router_gemm = ")) out += "//   " + line + "\n";
+    if (has_router || !(line.starts_with("router_gemm = ") || line.starts_with("router_bias = ")))
+      out += "//   " + line + "\n";
   out += "//\n// Token buckets:\n";
   for (const auto& b : plan.buckets)
     out += fmt::format("//   {} (T {}): gemm1 {} -> {}, gemm2 {} -> {}{}\n", b.name(),

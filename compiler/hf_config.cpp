@@ -450,12 +450,18 @@ MoeConfig config_from_hf_json(const json& j, const FieldOverrides& overrides) {
         "layer's fused shared experts (weight 1) do not compute; pass its output as residual (fuse_shared_experts "
         "false)",
         model_type));
-  // The router GEMM computes hidden @ gate_weight^T; gpt-oss's router adds a bias to that.
-  if (c.router_gemm && model_type == "gpt_oss")
+  // gpt-oss's router is a linear with a bias (mlp.router.bias), which a layer computing its logits
+  // adds (router_bias): dropping it would route otherwise. No other family's router has a bias.
+  const bool biased_router = model_type == "gpt_oss";
+  if (c.router_gemm && biased_router && !is_set("router_bias")) c.router_bias = true;
+  if (c.router_gemm && biased_router && !c.router_bias)
     throw InvalidInput(
-        "router_gemm: true, but gpt_oss's router adds a bias (mlp.router.bias) to its logits, which the layer's "
-        "router GEMM (logits = hidden @ gate_weight^T) does not add; use router_gemm false and pass the router's "
-        "logits, bias included");
+        "router_bias: false, but gpt_oss's router adds a bias (mlp.router.bias) to its logits; with router_gemm "
+        "true allowed: router_bias true (the layer adds it), or router_gemm false (the caller's logits include it)");
+  if (c.router_bias && !biased_router)
+    throw InvalidInput(fmt::format("router_bias: true, but {}'s router has no bias (a linear without one); allowed: "
+                                   "router_bias false",
+                                   model_type));
   return c;
 }
 

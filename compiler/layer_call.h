@@ -21,6 +21,7 @@ struct LayerInputs {
   const void* hidden = nullptr;          // [T, H] dtype
   const void* router_logits = nullptr;   // [T, E] router_dtype; null for router_gemm layers
   const void* gate_weight = nullptr;     // [E, H] dtype: router_gemm layers only (the router's weight)
+  const void* gate_bias = nullptr;       // [E] dtype: router_bias layers only (the router's bias, gpt-oss)
   const void* w13 = nullptr;             // [E_loc, N1, H] (layout nk) or [E_loc, H, N1] (kn); int8 for
                                          // w8a8, float8_e4m3fn for fp8
   const void* w2 = nullptr;              // [E_loc, H, I] (nk) or [E_loc, I, H] (kn); int8 / e4m3 as w13

@@ -161,6 +161,8 @@ const std::vector<Field>& fields() {
       MOEJIT_ENUM_FIELD(router_dtype, kDType, parse_dtype("router_dtype", v)),
       Field{"router_gemm", false, [](const MoeConfig& c) { return std::string(c.router_gemm ? "true" : "false"); },
             [](MoeConfig& c, std::string_view v) { c.router_gemm = parse_bool("router_gemm", v); }},
+      Field{"router_bias", false, [](const MoeConfig& c) { return std::string(c.router_bias ? "true" : "false"); },
+            [](MoeConfig& c, std::string_view v) { c.router_bias = parse_bool("router_bias", v); }},
       Field{"quant", false, [](const MoeConfig& c) { return std::string(kQuant.name(c.quant)); },
             [](MoeConfig& c, std::string_view v) { c.quant = parse_enum(kQuant, "quant", v); }},
       MOEJIT_INT_FIELD(ep_size, parse_int32),
@@ -283,6 +285,12 @@ std::vector<std::string> validation_errors(const MoeConfig& c) {
   check(c.router_dtype == c.dtype || c.router_dtype == DType::FP32,
         fmt::format("router_dtype: {} is not allowed with dtype {}; allowed values: {}", to_string(c.router_dtype),
                     to_string(c.dtype), c.dtype == DType::FP32 ? "fp32" : fmt::format("{}, fp32", to_string(c.dtype))));
+  // The bias joins the logits the layer computes; a layer taking the caller's logits has them with
+  // their bias already.
+  check(!c.router_bias || c.router_gemm,
+        "router_bias: true needs router_gemm true (the layer adds the router's bias to the logits it computes "
+        "from gate_weight); allowed: router_gemm true, or router_bias false (the caller's router_logits then "
+        "include the bias)");
   check(c.ep_size >= 1, fmt::format("ep_size: {} is out of range; allowed >= 1", c.ep_size));
   if (c.ep_size >= 1) {
     check(c.experts % c.ep_size == 0,

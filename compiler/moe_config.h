@@ -68,6 +68,9 @@ struct LayerSpec {
                                  // (dtype): logits = hidden @ gate_weight^T, fp32 accumulation,
                                  // rounded to router_dtype (docs/LAYER_MATH.md "Router GEMM"); else the
                                  // caller passes router_logits
+  bool router_bias = false;      // router_gemm layers whose router is a linear with a bias (gpt-oss):
+                                 // logits = hidden @ gate_weight^T + gate_bias, gate_bias [E] (dtype) added
+                                 // to the fp32 sum before its one rounding
   Quant quant = Quant::None;
   int ep_size = 1;
   int tp_size = 1;

@@ -19,8 +19,10 @@ std::string tuning_key(const LayerSpec& spec, const std::string& arch, const std
   // added since, at its default, is left out, so those records keep their keys.
   nlohmann::json config = to_json(at_placement(spec));
   if (!spec.fuse_shared_experts) config.erase("fuse_shared_experts");
-  // The router GEMM does not change the GEMM tiles: a layer with it shares the records of one without.
+  // The router GEMM (and its bias) does not change the GEMM tiles: a layer with it shares the records
+  // of one without.
   config.erase("router_gemm");
+  config.erase("router_bias");
   key.add("config", config.dump());
   key.add("arch", arch);
   key.add("device", device_name);

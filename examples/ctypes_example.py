@@ -12,7 +12,7 @@ import sys
 class Inputs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in (
         "hidden", "router_logits", "w13", "w2", "e_score_correction_bias", "w13_scale", "w2_scale",
-        "input_smooth", "act_smooth", "residual", "w13_bias", "w2_bias", "gate_weight")]
+        "input_smooth", "act_smooth", "residual", "w13_bias", "w2_bias", "gate_weight", "gate_bias")]
 
 
 def main(path):

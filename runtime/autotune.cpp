@@ -113,10 +113,11 @@ std::vector<TileOverride> bucket_overrides(const TokenBucket& b, const std::pair
 
 TuneReport autotune(const MoeConfig& requested, int device) {
   // A router_gemm layer is timed without its router GEMM, on the random logits below: its GEMM tiles
-  // are the plain layer's (the tuning key leaves router_gemm out), and a constant gate weight would
-  // route every token to the same experts.
+  // are the plain layer's (the tuning key leaves router_gemm and router_bias out), and a constant gate
+  // weight would route every token to the same experts.
   MoeConfig config = requested;
   config.router_gemm = false;
+  config.router_bias = false;
   validate(config);
   if (!knobs().tiles.empty())
     throw InvalidInput("MOEJIT_TILES: set; autotune times its own candidates, so unset it for --autotune");

@@ -79,6 +79,7 @@ moejit::LayerInputs layer_inputs(const moejit_inputs& inputs) {
   in.hidden = inputs.hidden;
   in.router_logits = inputs.router_logits;
   in.gate_weight = inputs.gate_weight;
+  in.gate_bias = inputs.gate_bias;
   in.w13 = inputs.w13;
   in.w2 = inputs.w2;
   in.e_score_correction_bias = inputs.e_score_correction_bias;
@@ -178,6 +179,7 @@ int moejit_experts_fill_inputs(const moejit_experts* experts, moejit_inputs* inp
     inputs->w13_bias = in.w13_bias;
     inputs->w2_bias = in.w2_bias;
     inputs->gate_weight = in.gate_weight;
+    inputs->gate_bias = in.gate_bias;
   });
 }
 

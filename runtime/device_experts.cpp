@@ -86,6 +86,7 @@ void DeviceExperts::fill(LayerInputs& in) const {
   if (find("w13_bias")) in.w13_bias = floats("w13_bias");
   if (find("w2_bias")) in.w2_bias = floats("w2_bias");
   if (find("gate_weight")) in.gate_weight = find("gate_weight");
+  if (find("gate_bias")) in.gate_bias = find("gate_bias");
 }
 
 size_t DeviceExperts::bytes() const {

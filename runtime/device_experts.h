@@ -27,8 +27,8 @@ class DeviceExperts {
   DeviceExperts& operator=(const DeviceExperts&) = delete;
 
   // Sets w13, w2 and, where the layer has them, w13_scale, w2_scale, e_score_correction_bias,
-  // w13_bias, w2_bias and gate_weight (router_gemm); leaves the other entries (hidden, logits,
-  // residual, smoothing) alone.
+  // w13_bias, w2_bias, gate_weight (router_gemm) and gate_bias (router_bias); leaves the other
+  // entries (hidden, logits, residual, smoothing) alone.
   void fill(LayerInputs& inputs) const;
   int device() const { return ordinal_; }
   size_t bytes() const;  // device memory held

@@ -56,7 +56,7 @@ class Layer {
   // Runs the layer on `stream` (a CUstream / cudaStream_t; null = legacy default stream).
   // Checks, before any launch, that tokens is in [0, 2^31 / topk), every pointer the config needs
   // is non-null and aligned (16 bytes for hidden, weights, output and residual; 256 for the
-  // workspace; the element size for router_logits; 4 for fp32 arrays), and workspace_size >=
+  // workspace; the element size for router_logits and gate_bias; 4 for fp32 arrays), and workspace_size >=
   // workspace_bytes(tokens); throws InvalidInput naming the
   // argument otherwise. tokens == 0 returns at once (the per-token pointers, hidden, logits,
   // residual, output, workspace and the top-k arrays, may then be null, as an empty tensor's

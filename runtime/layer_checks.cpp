@@ -43,6 +43,10 @@ void check_forward_routing_arguments(const LayerSpec& c, int64_t tokens, const L
       throw InvalidInput(
           "gate_weight: given, but this layer takes the caller's router_logits (router_gemm false); pass router_logits, "
           "or create the layer with router_gemm true");
+    if (in.gate_bias)
+      throw InvalidInput(
+          "gate_bias: given, but this layer takes the caller's router_logits (router_gemm false), which hold the "
+          "router's bias already; pass no gate_bias, or create the layer with router_gemm and router_bias true");
     check_routing_arguments(c, tokens, in.router_logits, in.e_score_correction_bias);
     return;
   }
@@ -53,6 +57,14 @@ void check_forward_routing_arguments(const LayerSpec& c, int64_t tokens, const L
   check_routable(c);
   check_tokens(c, tokens);
   check_pointer(in.gate_weight, "gate_weight", 16);
+  // A bias the layer would not add is a different router than the caller means (and one it needs,
+  // missing, would silently route from hidden @ gate_weight^T alone).
+  if (c.router_bias)
+    check_pointer(in.gate_bias, "gate_bias", static_cast<size_t>(dtype_bytes(c.dtype)));
+  else if (in.gate_bias)
+    throw InvalidInput(
+        "gate_bias: given, but this layer's router has no bias (router_bias false); pass no gate_bias, or create the "
+        "layer with router_bias true");
   if (c.topk_method == TopkMethod::NoauxTc) check_pointer(in.e_score_correction_bias, "e_score_correction_bias", 4);
 }
 

@@ -22,7 +22,7 @@ void check_routing_arguments(const LayerSpec& spec, int64_t tokens, const void* 
 // A layer belongs to the device it was created for: a call on a stream of another device's
 // context is refused (InvalidInput naming both), not run with that device's memory and tiles.
 // forward()'s routing inputs: router_logits (router_gemm false) or gate_weight (router_gemm true),
-// never both, and the correction bias.
+// never both; gate_bias exactly for router_bias layers (element-aligned); the correction bias.
 void check_forward_routing_arguments(const LayerSpec& spec, int64_t tokens, const LayerInputs& in);
 
 void check_call_device(int layer_device, int stream_device);

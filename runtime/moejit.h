@@ -42,6 +42,9 @@ typedef struct moejit_inputs {
   /* router_gemm layers: the router's weight [E, H] (dtype), from which moejit_layer_forward
    * computes the logits; router_logits is then NULL (moejit_layer_route still takes logits). */
   const void* gate_weight;
+  /* router_bias layers (router_gemm with a biased router, gpt-oss): the router's bias [E] (dtype),
+   * added to the logits before they are rounded; NULL for every other layer. */
+  const void* gate_bias;
 } moejit_inputs;
 
 /* config: a preset name ("deepseek-v3"), a path to a config file or model folder, or a JSON text
@@ -79,7 +82,7 @@ const char* moejit_layer_config_json(const moejit_layer* layer);
  * tp_rank, ep_size / ep_rank), packs it as a layer call takes it (w13 gate rows then up rows, w2,
  * the rank's experts and slice of the intermediate size, fp8 scales, the correction bias, gpt-oss's
  * expert biases, and for router_gemm the router's gate_weight [E, H] in the model dtype, whole on
- * every rank) and copies it to CUDA device `device` (synchronously; freed by
+ * every rank, with router_bias its gate_bias [E]) and copies it to CUDA device `device` (synchronously; freed by
  * moejit_experts_destroy, which must come before the process drops the device). A missing or
  * malformed file or tensor is 2, naming the file and the tensor. */
 typedef struct moejit_experts moejit_experts;
@@ -87,7 +90,8 @@ int moejit_experts_load(const char* model_dir, int layer, const char* overrides_
                         moejit_experts** out);
 void moejit_experts_destroy(moejit_experts* experts);
 /* Sets inputs->w13, w2 and, where the layer has them, w13_scale, w2_scale, e_score_correction_bias,
- * w13_bias, w2_bias and gate_weight to the device copies; the other entries are left as they are. */
+ * w13_bias, w2_bias, gate_weight and gate_bias to the device copies; the other entries are left as
+ * they are. */
 int moejit_experts_fill_inputs(const moejit_experts* experts, moejit_inputs* inputs);
 /* Device bytes held. */
 int moejit_experts_bytes(const moejit_experts* experts, size_t* bytes);

@@ -14,10 +14,12 @@ struct RouteArgs {
   long long tokens;          // T
 };
 
-// Stage 1's router GEMM (router_gemm layers, router_gemm.cuh): logits = hidden @ gate_weight^T.
+// Stage 1's router GEMM (router_gemm layers, router_gemm.cuh): logits = hidden @ gate_weight^T
+// (+ gate_bias).
 struct RouterGemmArgs {
   const void* hidden;        // [T, H], dtype RouterGemmSpec::Input
   const void* gate_weight;   // [E, H], the same dtype
+  const void* gate_bias;     // [E], the same dtype: router_bias layers (RouterGemmSpec::kBias); else null
   void* logits;              // [T, E], dtype RouterGemmSpec::Logit (the workspace's router_logits)
   long long tokens;          // T
 };

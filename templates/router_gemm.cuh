@@ -26,6 +26,7 @@
 // kWarps, kExpertsPerBlock (divides kWarps), kTokensPerBlock, kGateVectors.
 // Spec, mma: Input, Logit, kExperts, kHidden, kBM (16 * kWarpsM), kBN (multiple of 16 * kWarpsN),
 // kWarpsM, kWarpsN, kStages, kSharedBytes.
+// Both also kBias (router_bias, gpt-oss): gate_bias[e] (Input) joins the fp32 sum before its one rounding.
 #pragma once
 
 #include "moejit/mma_gemm.cuh"
@@ -38,6 +39,13 @@ constexpr int router_token_group(int batch, int tokens) {
   int group = 1;
   while (group * 2 <= tokens && group * 2 * batch <= 16) group *= 2;
   return group;
+}
+
+// Expert e's finished fp32 sum, with the router's bias when the layer has one (Spec::kBias).
+template <typename Spec>
+__device__ __forceinline__ float router_logit(const RouterGemmArgs& args, long long e, float sum) {
+  if constexpr (Spec::kBias) return sum + to_float(static_cast<const typename Spec::Input*>(args.gate_bias)[e]);
+  return sum;
 }
 
 template <typename Spec>
@@ -136,7 +144,7 @@ __device__ void router_logits_simt(const RouterGemmArgs& args) {
     float sum = 0.0f;
 #pragma unroll
     for (int s = 0; s < SPLITS; ++s) sum += partial[e_in_block * SPLITS + s][t];
-    static_cast<Logit*>(args.logits)[(token0 + t) * E + e] = from_float<Logit>(sum);
+    static_cast<Logit*>(args.logits)[(token0 + t) * E + e] = from_float<Logit>(router_logit<Spec>(args, e, sum));
   }
 }
 
@@ -241,7 +249,7 @@ __device__ void router_logits_mma(const RouterGemmArgs& args) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const long long e = n0 + warp_n * WARP_COLS + j * 8 + (lane & 3) * 2 + c;
-          if (e < N) logits[token * N + e] = from_float<Logit>(acc[i][j][2 * h + c]);
+          if (e < N) logits[token * N + e] = from_float<Logit>(router_logit<Spec>(args, e, acc[i][j][2 * h + c]));
         }
     }
 }

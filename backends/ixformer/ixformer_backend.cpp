@@ -53,7 +53,7 @@ class IxformerLayer final : public Layer {
   }
 
   void forward(void* stream, int64_t tokens, const LayerInputs& in, void* output, void*, size_t) const override {
-    check_forward_routing_arguments(config_, tokens, in);  // a gate_weight is refused (router_gemm false)
+    check_forward_routing_arguments(config_, tokens, in);  // a gate_weight or gate_bias is refused (router_gemm false)
     check_inputs(tokens, in, output);
     if (tokens == 0) return;
     StreamScope scope(device_, stream);

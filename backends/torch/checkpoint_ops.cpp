@@ -2,7 +2,8 @@
 // safetensors checkpoint packed as the layer call takes it (checkpoint/expert_tensors.h), for the
 // rank the overrides name, as CPU tensors: "w13", "w2", and per config "w13_scale", "w2_scale",
 // "e_score_correction_bias", "w13_bias", "w2_bias", "gate_weight" (router_gemm: the router's [E, H]
-// in the model dtype, whole on every rank). The config is the folder's config.json with
+// in the model dtype, whole on every rank), "gate_bias" (router_bias: the router's bias [E], the
+// model dtype). The config is the folder's config.json with
 // `overrides` (a JSON object of config field -> value, e.g. {"ep_size": "8", "ep_rank": "3"})
 // applied, as the CLI's flags.
 // Errors are ValueError naming the file and the tensor.
@@ -65,6 +66,7 @@ c10::Dict<std::string, at::Tensor> load_experts(const std::string& model_dir, in
       if (w.w13_bias) out.insert("w13_bias", to_tensor(std::move(*w.w13_bias)));
       if (w.w2_bias) out.insert("w2_bias", to_tensor(std::move(*w.w2_bias)));
       if (w.gate_weight) out.insert("gate_weight", to_tensor(std::move(*w.gate_weight)));
+      if (w.gate_bias) out.insert("gate_bias", to_tensor(std::move(*w.gate_bias)));
       return out;
     }
     throw InvalidInput(fmt::format("checkpoint '{}': layer {} has no expert tensors", model_dir, layer_index));

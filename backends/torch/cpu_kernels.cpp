@@ -215,13 +215,16 @@ at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_w
                               const std::optional<at::Tensor>& input_smooth,
                               const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
                               const std::string& config, const std::optional<at::Tensor>& w13_bias,
-                              const std::optional<at::Tensor>& w2_bias) {
+                              const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& gate_bias) {
   const MoeConfig& c = parse_config(config);
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   check_gate_weight(c, hidden, gate_weight);
-  // docs/LAYER_MATH.md "Router GEMM": fp32 sums of the inputs as given, rounded once to router_dtype.
-  const at::Tensor logits =
-      at::matmul(hidden.to(at::kFloat), gate_weight.to(at::kFloat).t()).to(scalar_type(c.router_dtype));
+  check_gate_bias(c, hidden, gate_bias);
+  // docs/LAYER_MATH.md "Router GEMM": fp32 sums of the inputs as given (the bias added to them in
+  // fp32), rounded once to router_dtype.
+  at::Tensor sums = at::matmul(hidden.to(at::kFloat), gate_weight.to(at::kFloat).t());
+  if (gate_bias.has_value()) sums = sums + gate_bias->to(at::kFloat);
+  const at::Tensor logits = sums.to(scalar_type(c.router_dtype));
   auto [weights, ids] = route_cpu(logits, bias, config);
   return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config,
                      w13_bias, w2_bias);

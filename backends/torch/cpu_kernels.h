@@ -26,15 +26,15 @@ at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logi
                          const std::optional<at::Tensor>& residual, const std::string& config,
                          const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias);
 
-// The whole layer with its router GEMM (router_gemm): logits = hidden @ gate_weight^T in fp32,
-// rounded to router_dtype, then as moe_layer_cpu.
+// The whole layer with its router GEMM (router_gemm): logits = hidden @ gate_weight^T (+ gate_bias
+// for router_bias) in fp32, rounded to router_dtype, then as moe_layer_cpu.
 at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
                               const at::Tensor& w2, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                               const std::optional<at::Tensor>& input_smooth,
                               const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
                               const std::string& config, const std::optional<at::Tensor>& w13_bias,
-                              const std::optional<at::Tensor>& w2_bias);
+                              const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& gate_bias);
 
 std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, const std::optional<at::Tensor>& bias,
                                              const std::string& config);

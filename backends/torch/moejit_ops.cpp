@@ -5,8 +5,9 @@
 //
 //   moejit::moe_layer(hidden, router_logits, w13, w2, bias?, w13_scale?, w2_scale?, input_smooth?,
 //                     act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out   the whole layer
-//   moejit::moe_layer_gate(hidden, gate_weight, w13, w2, ...as moe_layer) -> out  the whole layer with
-//                     its router GEMM (router_gemm configs): logits = hidden @ gate_weight^T
+//   moejit::moe_layer_gate(hidden, gate_weight, w13, w2, ...as moe_layer, gate_bias?) -> out  the whole
+//                     layer with its router GEMM (router_gemm configs): logits = hidden @ gate_weight^T
+//                     (+ gate_bias [E], model dtype, for router_bias configs: gpt-oss)
 //   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
 //                   act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out     stages 2-6
@@ -136,7 +137,8 @@ at::Tensor run_moe_layer(ConfigEntry& entry, const at::Tensor& hidden, const at:
                          const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& w13_scale,
                          const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                          const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
-                         const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias) {
+                         const std::optional<at::Tensor>& w13_bias, const std::optional<at::Tensor>& w2_bias,
+                         const std::optional<at::Tensor>& gate_bias) {
   c10::cuda::CUDAGuard guard(hidden.device());
   const Layer& layer = layer_for(entry, hidden.device());
   const int64_t tokens = hidden.size(0);
@@ -147,6 +149,7 @@ at::Tensor run_moe_layer(ConfigEntry& entry, const at::Tensor& hidden, const at:
       expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
   in.router_logits = logits ? logits->data_ptr() : nullptr;
   in.gate_weight = gate_weight ? gate_weight->data_ptr() : nullptr;
+  in.gate_bias = gate_bias.has_value() ? gate_bias->data_ptr() : nullptr;
   const std::optional<at::Tensor> bias32 = layer_float32(bias);
   in.e_score_correction_bias = bias32.has_value() ? bias32->data_ptr<float>() : nullptr;
   void* stream = at::cuda::getCurrentCUDAStream().stream();
@@ -168,7 +171,7 @@ at::Tensor moe_layer_cuda(const at::Tensor& hidden, const at::Tensor& logits, co
   TORCH_CHECK_VALUE(logits.size(0) == hidden.size(0), "moejit: router_logits has ", logits.size(0),
                     " rows but hidden has ", hidden.size(0));
   return run_moe_layer(entry, hidden, &logits, nullptr, w13, w2, bias, w13_scale, w2_scale, input_smooth, act_smooth,
-                       residual, w13_bias, w2_bias);
+                       residual, w13_bias, w2_bias, std::nullopt);
 }
 
 at::Tensor moe_layer_gate_cuda(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
@@ -177,14 +180,15 @@ at::Tensor moe_layer_gate_cuda(const at::Tensor& hidden, const at::Tensor& gate_
                                const std::optional<at::Tensor>& input_smooth,
                                const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
                                const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
-                               const std::optional<at::Tensor>& w2_bias) {
+                               const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& gate_bias) {
   ConfigEntry& entry = entry_for(config_json);
   const MoeConfig& c = entry.config;
   check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
   check_gate_weight(c, hidden, gate_weight);
+  check_gate_bias(c, hidden, gate_bias);
   check_correction_bias(c, bias, hidden.device(), "hidden's device");
   return run_moe_layer(entry, hidden, nullptr, &gate_weight, w13, w2, bias, w13_scale, w2_scale, input_smooth,
-                       act_smooth, residual, w13_bias, w2_bias);
+                       act_smooth, residual, w13_bias, w2_bias, gate_bias);
 }
 
 std::tuple<at::Tensor, at::Tensor> route_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
@@ -281,7 +285,7 @@ at::Tensor moe_layer_gate_meta(const at::Tensor& hidden, const at::Tensor& gate_
                                const std::optional<at::Tensor>& input_smooth,
                                const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
                                const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
-                               const std::optional<at::Tensor>& w2_bias) {
+                               const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& gate_bias) {
   const MoeConfig& c = parse_config(config_json);
   check_router_input(c, true);
   check_routable_config(c);
@@ -289,6 +293,7 @@ at::Tensor moe_layer_gate_meta(const at::Tensor& hidden, const at::Tensor& gate_
                         gate_weight.sym_size(1) == c.hidden && gate_weight.scalar_type() == scalar_type(c.dtype),
                     "moejit: gate_weight must be [", c.experts, ", ", c.hidden, "] ", scalar_type(c.dtype), ", got ",
                     gate_weight.sym_sizes(), " ", gate_weight.scalar_type());
+  check_gate_bias_meta(c, gate_bias);
   check_meta(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
   return at::empty_like(hidden);
 }
@@ -323,7 +328,7 @@ TORCH_LIBRARY(moejit, m) {
   m.def(
       "moe_layer_gate(Tensor hidden, Tensor gate_weight, Tensor w13, Tensor w2, Tensor? e_score_correction_bias, "
       "Tensor? w13_scale, Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, "
-      "str config, Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor");
+      "str config, Tensor? w13_bias=None, Tensor? w2_bias=None, Tensor? gate_bias=None) -> Tensor");
   m.def("route(Tensor router_logits, Tensor? e_score_correction_bias, str config) -> (Tensor, Tensor)");
   m.def(
       "experts(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, Tensor? w13_scale, "

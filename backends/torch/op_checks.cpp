@@ -167,6 +167,27 @@ void check_gate_weight(const MoeConfig& c, const at::Tensor& hidden, const at::T
                     hidden.device(), " (hidden's device)");
 }
 
+void check_gate_bias_meta(const MoeConfig& c, const std::optional<at::Tensor>& bias) {
+  if (!c.router_bias) {
+    TORCH_CHECK_VALUE(!bias.has_value(), "moejit: gate_bias is given, but this config has router_bias false (its "
+                      "router has no bias); pass None, or set router_bias true in the config");
+    return;
+  }
+  TORCH_CHECK_VALUE(bias.has_value(), "moejit: gate_bias is required: this config has router_bias true (the router's "
+                    "bias [", c.experts, "], added to the logits the layer computes)");
+  TORCH_CHECK_VALUE(bias->dim() == 1 && bias->sym_size(0) == c.experts && bias->scalar_type() == scalar_type(c.dtype),
+                    "moejit: gate_bias must be [", c.experts, "] ", scalar_type(c.dtype), " (the model dtype, as "
+                    "gate_weight), got ", bias->sym_sizes(), " ", bias->scalar_type());
+}
+
+void check_gate_bias(const MoeConfig& c, const at::Tensor& hidden, const std::optional<at::Tensor>& bias) {
+  check_gate_bias_meta(c, bias);
+  if (!bias.has_value()) return;
+  expect(*bias, "gate_bias", scalar_type(c.dtype), {c.experts});
+  TORCH_CHECK_VALUE(bias->device() == hidden.device(), "moejit: gate_bias is on ", bias->device(), "; it must be on ",
+                    hidden.device(), " (hidden's device)");
+}
+
 // What callers have, in the dtypes the layer takes. Each conversion is an ATen kernel on the
 // tensor's device and the current stream: asynchronous, no host sync, capturable in a CUDA graph.
 std::optional<at::Tensor> layer_float32(const std::optional<at::Tensor>& t) {

@@ -31,6 +31,10 @@ void check_correction_bias(const MoeConfig& c, const std::optional<at::Tensor>& 
 void check_router_input(const MoeConfig& c, bool gate_given);
 // gate_weight [E, H] in the model dtype on hidden's device (router_gemm configs).
 void check_gate_weight(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& gate);
+// gate_bias [E] in the model dtype on hidden's device, given exactly for router_bias configs.
+void check_gate_bias(const MoeConfig& c, const at::Tensor& hidden, const std::optional<at::Tensor>& bias);
+// The same without a device (the Meta kernels; sizes may be symbolic).
+void check_gate_bias_meta(const MoeConfig& c, const std::optional<at::Tensor>& bias);
 // The callers' tensors in the dtypes the layer takes (checked, then converted on their device):
 // the correction bias and the expert biases fp32 (layer_float32; None stays None), topk_ids int32
 // [tokens, K], topk_weights fp32 [tokens, K].

@@ -12,9 +12,13 @@ using namespace spec_text;
 
 namespace {
 
+// A router with a bias (router_bias) is another kernel: "_bias" keeps its entry (and spec) apart.
 std::string entry_stem(const LayerSpec& c) {
-  return fmt::format("e{}_h{}_{}_{}", c.experts, c.hidden, to_string(c.dtype), to_string(c.router_dtype));
+  return fmt::format("e{}_h{}_{}_{}{}", c.experts, c.hidden, to_string(c.dtype), to_string(c.router_dtype),
+                     c.router_bias ? "_bias" : "");
 }
+
+std::string bias_flag(const LayerSpec& c) { return c.router_bias ? "true" : "false"; }
 
 KernelPlan simt_kernel(const LayerSpec& c) {
   // Experts a block: about 128 blocks along the experts, so that a decode step streams the gate
@@ -33,6 +37,7 @@ KernelPlan simt_kernel(const LayerSpec& c) {
       {"int", "kExpertsPerBlock", std::to_string(experts_per_block)},
       {"int", "kTokensPerBlock", std::to_string(kRouterTokensPerBlock)},
       {"int", "kGateVectors", std::to_string(kRouterGateVectors)},
+      {"bool", "kBias", bias_flag(c)},
   };
   k.launch = {GridRule::TokenTilesByColumns, kRouterWarps * 32, experts_per_block, 0, c.experts, kRouterTokensPerBlock};
   return k;
@@ -61,6 +66,7 @@ KernelPlan mma_kernel(const LayerSpec& c, int widest) {
       {"int", "kWarpsN", std::to_string(warps_n)},
       {"int", "kStages", std::to_string(stages)},
       {"int", "kSharedBytes", std::to_string(shared)},
+      {"bool", "kBias", bias_flag(c)},
   };
   k.launch = {GridRule::TokenTilesByColumns, 32 * warps_m * warps_n, bn, shared, c.experts, kRouterTileTokens};
   return k;
@@ -86,7 +92,8 @@ KernelPlan router_gemm_kernel(const LayerSpec& c, BucketKind bucket) {
 
 RouterGemmArgs router_gemm_args(const CallContext& x) {
   const CallBuffers& b = x.buffers;
-  return RouterGemmArgs{b.in.hidden, b.in.gate_weight, b.at<void>(b.offsets.router_logits), x.call.tokens};
+  return RouterGemmArgs{b.in.hidden, b.in.gate_weight, b.in.gate_bias, b.at<void>(b.offsets.router_logits),
+                        x.call.tokens};
 }
 
 }  // namespace moejit

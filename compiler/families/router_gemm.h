@@ -1,5 +1,6 @@
 // The router GEMM family (templates/router_gemm.cuh, docs/LAYER_MATH.md "Router GEMM"): for
-// router_gemm layers, logits = hidden @ gate_weight^T into the workspace, read by the routing kernel
+// router_gemm layers, logits = hidden @ gate_weight^T (+ gate_bias for router_bias layers) into the
+// workspace, read by the routing kernel
 // launched next. A kernel per token bucket (TokenBucket::router_kernel): the SIMT kernel at decode,
 // which spreads the gate weight over about one block an SM; tensor-core tiles above, which read a
 // block's hidden rows once for many experts (mid: narrow expert tiles, for blocks enough; prefill:
@@ -34,7 +35,8 @@ bool router_tensor_core_eligible(const LayerSpec& spec);
 // (ceil(T / token tile), ceil(E / experts per block)) blocks.
 KernelPlan router_gemm_kernel(const LayerSpec& spec, BucketKind bucket);
 
-// Its arguments: the call's hidden and gate weight in, the workspace's router logits out.
+// Its arguments: the call's hidden, gate weight and gate bias (router_bias) in, the workspace's
+// router logits out.
 RouterGemmArgs router_gemm_args(const CallContext& context);
 
 }  // namespace moejit

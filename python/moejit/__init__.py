@@ -172,10 +172,13 @@ def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True
           whole_blocks: bool = True, fuse_shared_experts: bool = True) -> torch.nn.Module:
     """Makes a Hugging Face MoE model run its MoE layers on moejit: registers the "moejit" experts
     implementation, checks every experts module (ValueError for biased, transposed, interleaved or
-    ungated experts; NotImplementedError for an unsupported hidden_act) before changing anything, calls
-    model.set_experts_implementation("moejit"), and with whole_blocks runs each MoE block whose math
-    moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V2/V3, GLM-4.5, Qwen3-Next: hf_blocks) as one moejit
-    call: routing, experts and combine; the others keep their own routing. With fuse_shared_experts a
+    ungated experts other than gpt-oss's; NotImplementedError for an unsupported hidden_act) before
+    changing anything, calls model.set_experts_implementation("moejit"), and with whole_blocks runs each
+    MoE block whose math moejit covers (Mixtral, Qwen3-MoE, DeepSeek-V2/V3, GLM-4.5, Qwen3-Next,
+    gpt-oss: hf_blocks) as one moejit call: routing, experts and combine; the others keep their own
+    routing. gpt-oss's experts (GptOssExperts: biases, interleaved and transposed weights) run on a
+    copy of their weights in moejit's layout, packed here once (a second copy of the experts' weights:
+    hf_gpt_oss says why no view can serve). With fuse_shared_experts a
     whole block whose shared experts are one plain gated MLP (DeepSeek-V3, GLM-4.5: n_shared_experts 1)
     computes them in the same call, its weights moved into packed tensors that its parameters then
     view (no second copy; hf_blocks says what keeps them views); other shared experts are the call's
@@ -188,14 +191,19 @@ def patch(model: torch.nn.Module, precompile: bool = True, progress: bool = True
                          "ExpertsInterface dispatches (a transformers 5 MoE model is needed)")
     by_device: dict = {}
     for name, module in modules:
-        check_hf_experts(module)
-        activation_from_hf(getattr(getattr(module, "config", None), "hidden_act", None))
+        if not hf.hf_gpt_oss.is_gpt_oss_experts(module):
+            check_hf_experts(module)
+            activation_from_hf(getattr(getattr(module, "config", None), "hidden_act", None))
         topk = hf.module_topk(module)
         if topk is None:
             log.info("moejit.patch: %s: top-k unknown (no num_experts_per_tok), compiled at its first call", name)
             continue
         cfg = hf.module_config_json(module, topk)
         by_device.setdefault(module.gate_up_proj.device, {}).setdefault(cfg, []).append(name)
+    # gpt-oss's experts in moejit's layout now, outside any graph torch.compile traces later.
+    for _, module in modules:
+        if hf.hf_gpt_oss.is_gpt_oss_experts(module):
+            hf.hf_gpt_oss.packed_weights(module)
     model.set_experts_implementation(hf.IMPLEMENTATION_NAME)
     if whole_blocks:
         for name, cfg in hf_blocks.patch_blocks(model, fuse_shared_experts=fuse_shared_experts).items():

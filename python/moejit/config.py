@@ -82,6 +82,9 @@ class MoeConfig:
     # The layer computes its router logits from the gate weight [E, H] (dtype): hidden @ gate^T with
     # fp32 sums rounded to router_dtype (torch.ops.moejit.moe_layer_gate; MoELayer(gate_weight=...)).
     router_gemm: bool = False
+    # With router_gemm: the router is a linear with a bias (gpt-oss), gate_bias [E] (dtype), added to the
+    # fp32 sums before their rounding (moe_layer_gate(..., gate_bias=...); MoELayer(gate_bias=...)).
+    router_bias: bool = False
     quant: str = "none"  # none | w8a8_int8 | fp8_block | fp8_tensor (SPEC.md "Quantized experts")
     ep_size: int = 1
     ep_rank: int = 0

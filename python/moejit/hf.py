@@ -1,12 +1,15 @@
 """The "moejit" experts implementation for Hugging Face transformers (5.x `ExpertsInterface`).
 
 ``model.set_experts_implementation("moejit")`` (or ``moejit.patch(model)``) makes every experts module
-(MixtralExperts, Qwen3MoeExperts, DeepseekV3Experts, Qwen3NextExperts, ...) call
+(MixtralExperts, Qwen3MoeExperts, DeepseekV3Experts, Qwen3NextExperts, GptOssExperts, ...) call
 ``torch.ops.moejit.experts`` with the ids and weights the model's own router chose. Routing and shared
-experts stay Hugging Face's. The forward traces into one call node under torch.compile.
+experts stay Hugging Face's. The forward traces into one call node under torch.compile. GptOssExperts
+(biases, interleaved and transposed weights, the clamped SwiGLU) runs on a repacked copy of its
+weights (hf_gpt_oss).
 
 What may fail, at the first call for a module config:
-  ValueError           the module has biases, transposed or interleaved weights, or no gate
+  ValueError           the module has biases, transposed or interleaved weights, or no gate (other than
+                       gpt-oss's, which hf_gpt_oss takes)
   NotImplementedError  config.hidden_act is not silu/swish/gelu/gelu_pytorch_tanh/gelu_new/gelu_fast
 and at every call, from the op: ValueError naming a tensor with the wrong shape, dtype or strides.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops, hf_fp8
+from . import _ops, hf_fp8, hf_gpt_oss
 from .config import MoeConfig, activation_from_hf, check_hf_experts, dtype_name
 
 __all__ = ["IMPLEMENTATION_NAME", "moejit_experts_forward", "register", "experts_config_json", "find_experts_modules"]
@@ -39,6 +42,18 @@ def _config_json(experts: int, topk: int, hidden: int, intermediate: int, hidden
     cfg = _CONFIG_JSON.get(key)
     if cfg is None:
         cfg = experts_config_json(experts, topk, hidden, intermediate, activation_from_hf(hidden_act), dtype)
+        _CONFIG_JSON[key] = cfg
+    return cfg
+
+
+@torch.compiler.assume_constant_result
+def _gpt_oss_config_json(experts: int, topk: int, hidden: int, intermediate: int, limit: float,
+                         dtype: torch.dtype) -> str:
+    # As _config_json: plain values in, a constant of the graph out.
+    key = ("gpt_oss", experts, topk, hidden, intermediate, limit, dtype)
+    cfg = _CONFIG_JSON.get(key)
+    if cfg is None:
+        cfg = hf_gpt_oss.layer_config(experts, topk, hidden, intermediate, limit, dtype).to_json()
         _CONFIG_JSON[key] = cfg
     return cfg
 
@@ -72,6 +87,10 @@ def moejit_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     as HF's expert-parallel sentinels need) and [T, K] weights -> [T, H] weighted sum, hidden's dtype."""
     layout = (getattr(self, "has_bias", False), getattr(self, "is_transposed", False),
               getattr(self, "has_gate", True), getattr(self, "is_concatenated", True))
+    if layout == hf_gpt_oss.LAYOUT and hf_gpt_oss.is_gpt_oss_experts(self):
+        E, H, I = hf_gpt_oss.sizes(self)
+        cfg = _gpt_oss_config_json(E, _static_topk(top_k_index, self), H, I, float(self.limit), hidden_states.dtype)
+        return hf_gpt_oss.experts_forward(self, hidden_states, top_k_index, top_k_weights, cfg)
     if layout != (False, False, True, True) or not hasattr(self, "gate_up_proj"):
         check_hf_experts(self)  # raises ValueError explaining what is unsupported
     hidden_act = getattr(getattr(self, "config", None), "hidden_act", None)
@@ -128,6 +147,10 @@ def module_config_json(module: torch.nn.Module, topk: int, dtype=None) -> str:
     fp8 one (hf_fp8.module_config_json)."""
     if hf_fp8.is_fp8_experts(module):
         return hf_fp8.module_config_json(module, topk, dtype)
+    if hf_gpt_oss.is_gpt_oss_experts(module):
+        E, H, I = hf_gpt_oss.sizes(module)
+        return _gpt_oss_config_json(E, int(topk), H, I, float(module.limit),
+                                    dtype if dtype is not None else module.gate_up_proj.dtype)
     check_hf_experts(module)
     dtype = dtype if dtype is not None else module.gate_up_proj.dtype
     layout = (module.has_bias, module.is_transposed, module.has_gate, module.is_concatenated)

@@ -24,6 +24,9 @@ torch.compile the T bound is a guard: a batch on the other side of it compiles a
                              router ignores norm_topk_prob)                    residual)
   Qwen3NextSparseMoeBlock  softmax, top-k, renormalize if norm_topk_prob     residual sigmoid(shared_expert_gate(x))
                                                                                * shared_expert(x)
+  GptOssMLP                the router's bias (router_bias), softmax over      -
+                             the top-k logits (= softmax, top-k, renormalize)
+                             (hf_gpt_oss: its experts' biases, clamped SwiGLU, repacked weights)
 
 Shared experts fused (``fuse_shared_experts``, docs/LAYER_MATH.md): a block whose shared experts are
 one plain gated MLP (gate_proj, up_proj, down_proj without biases, the model's activation),
@@ -69,6 +72,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.dlpack
 
+from . import hf_gpt_oss
 from .config import MoeConfig, activation_from_hf, check_hf_experts, dtype_name
 
 log = logging.getLogger("moejit")
@@ -163,6 +167,8 @@ def block_rule(block: torch.nn.Module, dtype: Optional[torch.dtype] = None, fuse
     """(config JSON, None) when moejit can run the whole block, else (None, why not). With
     fuse_shared_experts the config computes the block's shared experts where shared_experts_rule
     allows it (n_shared_experts S, fuse_shared_experts true: w13/w2 then hold E + S experts)."""
+    if hf_gpt_oss.is_gpt_oss_block(block):  # no shared experts
+        return hf_gpt_oss.block_rule(block, dtype)
     try:
         routing = _routing(block)
     except AttributeError as e:  # a class of that name from other modeling code (trust_remote_code)
@@ -363,7 +369,7 @@ def patch_blocks(model: torch.nn.Module, fuse_shared_experts: bool = True) -> di
     taken = {}
     model_config = getattr(model, "config", None)
     for name, module in model.named_modules():
-        if not (hasattr(module, "experts") and hasattr(module, "gate")):
+        if not (hasattr(module, "experts") and (hasattr(module, "gate") or hf_gpt_oss.is_gpt_oss_block(module))):
             continue
         if getattr(module, "_moejit_whole_block", None) is not None:  # patched before
             taken[name] = module._moejit_whole_block
@@ -371,6 +377,19 @@ def patch_blocks(model: torch.nn.Module, fuse_shared_experts: bool = True) -> di
         config_json, why = block_rule(module, fuse_shared_experts=fuse_shared_experts)
         if config_json is None:
             log.info("moejit.patch: %s (%s) not taken whole: %s", name, type(module).__name__, why)
+            continue
+        if hf_gpt_oss.is_gpt_oss_block(module):
+            # The router joins the call with its bias (router_gemm, router_bias) as any router does.
+            gate_json = dataclasses.replace(MoeConfig.from_json(config_json), router_gemm=True,
+                                            router_bias=True).to_json()
+            module._moejit_original_forward = module.forward
+            module.forward = types.MethodType(
+                hf_gpt_oss.whole_block_forward(config_json, gate_json, model_config, ROUTER_IN_LAYER_MAX_TOKENS),
+                module)
+            module._moejit_whole_block = config_json
+            taken[name] = config_json
+            log.info("moejit.patch: %s (%s) runs whole on moejit (routing with its router's bias, experts and "
+                     "combine in one call; its experts' weights repacked)", name, type(module).__name__)
             continue
         S, why_not = shared_experts_rule(module)
         if json.loads(config_json)["fuse_shared_experts"]:

@@ -30,7 +30,8 @@ class MoELayer(nn.Module):
 
     forward(hidden [T, H], router_logits [T, E], residual [T, H] or None) -> [T, H] in hidden's dtype.
     With config.router_gemm the layer holds the router's gate_weight [E, H] (dtype) and computes the
-    logits itself (docs/LAYER_MATH.md "Router GEMM"): forward(hidden, residual=residual), no router_logits.
+    logits itself (docs/LAYER_MATH.md "Router GEMM"): forward(hidden, residual=residual), no router_logits;
+    with config.router_bias too (gpt-oss's router) it holds gate_bias [E] (dtype) and adds it to them.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
     strides, and ValueError for an invalid config. There is no backward.
     """
@@ -39,7 +40,8 @@ class MoELayer(nn.Module):
                  e_score_correction_bias: Optional[torch.Tensor] = None, w13_scale: Optional[torch.Tensor] = None,
                  w2_scale: Optional[torch.Tensor] = None, input_smooth: Optional[torch.Tensor] = None,
                  act_smooth: Optional[torch.Tensor] = None, w13_bias: Optional[torch.Tensor] = None,
-                 w2_bias: Optional[torch.Tensor] = None, gate_weight: Optional[torch.Tensor] = None, device=None):
+                 w2_bias: Optional[torch.Tensor] = None, gate_weight: Optional[torch.Tensor] = None,
+                 gate_bias: Optional[torch.Tensor] = None, device=None):
         super().__init__()
         if isinstance(config, str):
             config = MoeConfig.from_json(config)
@@ -82,6 +84,12 @@ class MoELayer(nn.Module):
                              "router_logits); set router_gemm=True to compute the logits in the layer")
         self.gate_weight = (nn.Parameter(given(gate_weight, (E, H), config.torch_dtype), requires_grad=False)
                             if config.router_gemm else None)
+        # The router's bias: exactly when the layer adds it (router_bias; the op refuses one it would not).
+        if gate_bias is not None and not config.router_bias:
+            raise ValueError("moejit: gate_bias is given, but the config has router_bias false (its router has no "
+                             "bias); set router_bias=True (with router_gemm=True) to add it to the logits")
+        self.gate_bias = (nn.Parameter(given(gate_bias, (E,), config.torch_dtype), requires_grad=False)
+                          if config.router_bias else None)
 
         # Expert biases: exactly when the config has them (the op refuses one it would not add).
         for name, t, shape in (("w13_bias", w13_bias, (E_loc, rows)), ("w2_bias", w2_bias, (E_loc, H))):
@@ -101,7 +109,8 @@ class MoELayer(nn.Module):
             return torch.ops.moejit.moe_layer_gate(hidden, self.gate_weight, self.w13, self.w2,
                                                    self.e_score_correction_bias, self.w13_scale, self.w2_scale,
                                                    self.input_smooth, self.act_smooth, residual, self._config_json,
-                                                   w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+                                                   w13_bias=self.w13_bias, w2_bias=self.w2_bias,
+                                                   gate_bias=self.gate_bias)
         if router_logits is None:
             raise ValueError("moejit: router_logits is required (router_gemm false)")
         return torch.ops.moejit.moe_layer(hidden, router_logits, self.w13, self.w2, self.e_score_correction_bias,

@@ -2,6 +2,7 @@
 // on a machine with no driver is code 1 saying so; null arguments never crash.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -125,6 +126,74 @@ TEST(CApi, ExpertsLoadReadsTheCheckpointBeforeTheDevice) {
   std::filesystem::remove_all(broken);
   std::filesystem::remove_all(good);
   std::filesystem::remove_all(gated);
+}
+
+// moejit_inputs only grows at its end (its comment's promise to callers built against an older
+// header): gate_bias, the last entry added, comes after gate_weight and ends the struct.
+TEST(CApi, InputsGrowAtTheirEnd) {
+  static_assert(offsetof(moejit_inputs, gate_weight) == 12 * sizeof(void*));
+  static_assert(offsetof(moejit_inputs, gate_bias) == offsetof(moejit_inputs, gate_weight) + sizeof(void*));
+  static_assert(sizeof(moejit_inputs) == offsetof(moejit_inputs, gate_bias) + sizeof(void*));
+  moejit_inputs in = {0};
+  EXPECT_EQ(in.gate_bias, nullptr);
+}
+
+// A gpt-oss-named checkpoint of two experts (H 16, I 8, bf16 zeros): fused, interleaved experts with
+// their biases and the router's weight [2, 16], with its bias [2] when with_router_bias.
+std::filesystem::path tiny_gpt_oss_checkpoint(const std::string& name, bool with_router_bias) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "gpt_oss", "num_local_experts": 2, "num_experts_per_tok": 1, "hidden_size": 16,
+             "intermediate_size": 8, "hidden_act": "silu", "torch_dtype": "bfloat16"})";
+  struct Tensor {
+    std::string name, shape;
+    size_t elements;
+  };
+  std::vector<Tensor> tensors = {{"experts.gate_up_proj", "[2, 16, 16]", 512},
+                                 {"experts.gate_up_proj_bias", "[2, 16]", 32},
+                                 {"experts.down_proj", "[2, 8, 16]", 256},
+                                 {"experts.down_proj_bias", "[2, 16]", 32},
+                                 {"router.weight", "[2, 16]", 32}};
+  if (with_router_bias) tensors.push_back({"router.bias", "[2]", 2});
+  std::string header = "{";
+  size_t offset = 0;
+  for (const Tensor& t : tensors) {
+    if (offset) header += ", ";
+    header += "\"model.layers.0.mlp." + t.name + "\": {\"dtype\": \"BF16\", \"shape\": " + t.shape +
+              ", \"data_offsets\": [" + std::to_string(offset) + ", " + std::to_string(offset + 2 * t.elements) + "]}";
+    offset += 2 * t.elements;
+  }
+  header += "}";
+  std::ofstream f(dir / "model.safetensors", std::ios::binary);
+  const uint64_t length = header.size();
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((length >> (8 * i)) & 0xff));
+  f << header << std::string(offset, '\0');
+  return dir;
+}
+
+// gpt-oss's router: with router_gemm its config adds the bias (router_bias), which the loader reads
+// before the device; missing, it is named; a config that would drop it is refused by name.
+TEST(CApi, ExpertsLoadReadsGptOssRouterBiasBeforeTheDevice) {
+  moejit_experts* experts = nullptr;
+  const auto lacking = tiny_gpt_oss_checkpoint("moejit_c_api_gpt_oss_no_bias", false);
+  EXPECT_EQ(moejit_experts_load(lacking.c_str(), 0, R"({"router_gemm": true})", 0, &experts), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("tensor 'model.layers.0.mlp.router.bias' missing"), std::string::npos)
+      << moejit_last_error();
+  EXPECT_EQ(moejit_experts_load(lacking.c_str(), 0, R"({"router_gemm": true, "router_bias": false})", 0, &experts), 2);
+  EXPECT_NE(std::string(moejit_last_error()).find("router_bias: false, but gpt_oss's router adds a bias"),
+            std::string::npos)
+      << moejit_last_error();
+  const auto biased = tiny_gpt_oss_checkpoint("moejit_c_api_gpt_oss", true);
+  if (!moejit::cuda_driver().available) {
+    EXPECT_EQ(moejit_experts_load(biased.c_str(), 0, R"({"router_gemm": true, "ep_size": 2, "ep_rank": 1})", 0, &experts),
+              1);
+    EXPECT_NE(std::string(moejit_last_error()).find("CUDA driver"), std::string::npos) << moejit_last_error();
+  }
+  EXPECT_EQ(experts, nullptr);
+  std::filesystem::remove_all(lacking);
+  std::filesystem::remove_all(biased);
 }
 
 }  // namespace

@@ -90,6 +90,12 @@ TEST(Autotune, StoredRecordIsReadBackForItsConfigAndDeviceOnly) {
   MoeConfig rank0 = rank;
   rank0.ep_rank = 0;
   EXPECT_EQ(tuning_key(rank, "sm_90a", "x"), tuning_key(rank0, "sm_90a", "x")) << "ranks share one record";
+  // The router GEMM and its bias change no GEMM tile: such layers share the plain layer's record.
+  MoeConfig router = c;
+  router.router_gemm = true;
+  EXPECT_EQ(tuning_key(router, "sm_90a", "x"), tuning_key(c, "sm_90a", "x")) << "router_gemm";
+  router.router_bias = true;
+  EXPECT_EQ(tuning_key(router, "sm_90a", "x"), tuning_key(c, "sm_90a", "x")) << "router_bias";
 
   // Re-tuning replaces the record; a record this planner cannot use is ignored.
   publish_record(*disk, c, "Test GPU A", "decode.gemm1=tc:16x16x64:s8:w1x2,decode.gemm2=tc:16x32x64:s8:w1x2");

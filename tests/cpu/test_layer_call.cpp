@@ -126,12 +126,26 @@ TEST(LayerCall, RouterGemmWritesTheLogitsRoutingReads) {
     const auto gemm = std::get<RouterGemmArgs>(pack_args(call.steps[0], context));
     EXPECT_EQ(gemm.hidden, b.in.hidden);
     EXPECT_EQ(gemm.gate_weight, b.in.gate_weight);
+    EXPECT_EQ(gemm.gate_bias, nullptr);
     EXPECT_EQ(gemm.logits, workspace + b.offsets.router_logits);
     EXPECT_EQ(gemm.tokens, T);
     const KernelArgs routing = pack_args(call.steps[1], context);
     const RouteArgs route = T <= 32 ? std::get<RouteIndexArgs>(routing).routing : std::get<RouteArgs>(routing);
     EXPECT_EQ(route.logits, gemm.logits) << T;
   }
+  // A router_bias layer's kernel reads the router's bias too.
+  MoeConfig biased = c;
+  biased.router_bias = true;
+  CallBuffers b;
+  b.in.hidden = &scratch[0];
+  b.in.gate_weight = &scratch[1];
+  b.in.gate_bias = &scratch[2];
+  b.workspace = workspace;
+  b.offsets = workspace_offsets(biased, 3);
+  const CallPlan call = plan_call(make_plan(biased, "sm_90a"), Entry::Forward, 3);
+  const auto gemm = std::get<RouterGemmArgs>(pack_args(call.steps[0], CallContext{biased, biased.placement(), call, b}));
+  EXPECT_EQ(gemm.gate_bias, b.in.gate_bias);
+  EXPECT_EQ(gemm.gate_weight, b.in.gate_weight);
   // The logits buffer is the layout's last, [T, E] in router_dtype, and only router_gemm layers have it.
   const WorkspaceLayout layout = plan_workspace(c, 5);
   EXPECT_EQ(layout.buffers.back().name, "router_logits");

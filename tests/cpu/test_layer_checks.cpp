@@ -1,11 +1,13 @@
-// runtime/layer_checks.h: the refusals every layer call makes before a launch, here the device
-// check with faked device indices (one GPU cannot show a second device's context; the GPU tier
-// shows the same device's contexts are accepted).
+// runtime/layer_checks.h: the refusals every layer call makes before a launch: the device check
+// with faked device indices (one GPU cannot show a second device's context; the GPU tier shows the
+// same device's contexts are accepted), and forward()'s router inputs (logits, or the gate weight
+// and, for router_bias layers, the router's bias), which are checked on pointers alone.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "common/error.h"
+#include "compiler/moe_config.h"
 #include "runtime/layer_checks.h"
 
 namespace moejit {
@@ -22,6 +24,53 @@ TEST(LayerChecks, ACallOnAnotherDevicesStreamIsRefusedNamingBoth) {
     EXPECT_NE(message.find("stream: its context is on device 1"), std::string::npos) << message;
     EXPECT_NE(message.find("created for device 0"), std::string::npos) << message;
   }
+}
+
+std::string refusal(const LayerSpec& spec, const LayerInputs& in) {
+  try {
+    check_forward_routing_arguments(spec, 4, in);
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// gate_bias: given exactly for router_bias layers, element-aligned (the model dtype), and refused by
+// name on layers that would not add it (the caller's logits, or a router without a bias).
+TEST(LayerChecks, TheRoutersBiasIsGivenExactlyForRouterBiasLayers) {
+  alignas(16) static unsigned char buffer[64];
+  LayerSpec plain = preset("gpt-oss-20b");
+  LayerSpec gemm = plain;
+  gemm.router_gemm = true;
+  LayerSpec biased = gemm;
+  biased.router_bias = true;
+  LayerInputs logits, gate, gate_and_bias;
+  logits.router_logits = buffer;
+  gate.gate_weight = buffer;
+  gate_and_bias.gate_weight = buffer;
+  gate_and_bias.gate_bias = buffer + 2;  // bf16: 2-byte aligned is enough
+  EXPECT_EQ(refusal(plain, logits), "");
+  EXPECT_EQ(refusal(gemm, gate), "");
+  EXPECT_EQ(refusal(biased, gate_and_bias), "");
+
+  EXPECT_EQ(refusal(biased, gate), "gate_bias: null pointer; this layer needs it");
+  LayerInputs odd = gate_and_bias;
+  odd.gate_bias = buffer + 1;
+  EXPECT_NE(refusal(biased, odd).find("gate_bias: pointer"), std::string::npos) << refusal(biased, odd);
+  EXPECT_NE(refusal(biased, odd).find("is not 2-byte aligned"), std::string::npos) << refusal(biased, odd);
+  LayerSpec fp32 = biased;
+  fp32.dtype = fp32.router_dtype = DType::FP32;
+  EXPECT_NE(refusal(fp32, gate_and_bias).find("is not 4-byte aligned"), std::string::npos);
+
+  const std::string unused = refusal(gemm, gate_and_bias);
+  EXPECT_NE(unused.find("gate_bias: given, but this layer's router has no bias (router_bias false)"), std::string::npos)
+      << unused;
+  LayerInputs logits_and_bias = logits;
+  logits_and_bias.gate_bias = buffer;
+  const std::string with_logits = refusal(plain, logits_and_bias);
+  EXPECT_NE(with_logits.find("gate_bias: given, but this layer takes the caller's router_logits (router_gemm false)"),
+            std::string::npos)
+      << with_logits;
 }
 
 }  // namespace

@@ -82,6 +82,12 @@ TEST(MoeConfig, SwigluOaiAndExpertBiasRules) {
   c.router_gemm = true;
   EXPECT_EQ(config_from_json(to_json(c)), c);
   EXPECT_TRUE(to_json(c).at("router_gemm").is_boolean());
+  c.router_bias = true;
+  EXPECT_TRUE(validation_errors(c).empty()) << validation_errors(c).front();
+  EXPECT_EQ(config_from_json(to_json(c)), c);
+  EXPECT_TRUE(to_json(c).at("router_bias").get<bool>());
+  EXPECT_NE(describe(c).find("router_bias = true\n"), std::string::npos);
+  c.router_bias = false;
   c.router_gemm = false;
   set_field(c, "activation", "swigluoai");
   set_field(c, "expert_bias", "true");

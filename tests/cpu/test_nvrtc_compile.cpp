@@ -23,6 +23,7 @@ struct Case {
   Quant quant = Quant::None;
   bool fuse_shared = false;  // the preset's shared experts computed in the layer
   bool router_gemm = false;  // the router GEMM computed in the layer
+  bool router_bias = false;  // with its bias (gpt-oss)
 };
 
 // ptxas -v reports "N bytes stack frame, N bytes spill stores": no kernel may use local memory (a
@@ -44,6 +45,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
   if (info.param.quant != Quant::None) name += "_" + std::string(to_string(info.param.quant));
   if (info.param.fuse_shared) name += "_fused_shared";
   if (info.param.router_gemm) name += "_router_gemm";
+  if (info.param.router_bias) name += "_bias";
   for (char& c : name)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   return name;
@@ -72,6 +74,9 @@ std::vector<Case> cases() {
   out.push_back({"deepseek-v3", "sm_90a", Quant::None, false, true});
   out.push_back({"mixtral-8x7b", "sm_80", Quant::None, false, true});
   out.push_back({"qwen3-30b-a3b", "sm_90a", Quant::W8A8Int8, false, true});
+  // gpt-oss's router with its bias: the decode kernel and the tensor-core tiles on both archs.
+  out.push_back({"gpt-oss-20b", "sm_90a", Quant::None, false, true, true});
+  out.push_back({"gpt-oss-120b", "sm_80", Quant::None, false, true, true});
   return out;
 }
 
@@ -82,6 +87,7 @@ TEST_P(EveryPreset, EveryUnitCompilesToCubinWithItsEntryPoints) {
   config.quant = GetParam().quant;
   config.fuse_shared_experts = GetParam().fuse_shared;
   config.router_gemm = GetParam().router_gemm;
+  config.router_bias = GetParam().router_bias;
   Plan plan = make_plan(config, GetParam().arch);
   KernelSource source = generate(plan);
   CompileOptions options = compile_options_for(GetParam().arch);

@@ -77,6 +77,46 @@ TEST(Planner, RouterGemmChangesOnlyTheRoutingUnit) {
   }
 }
 
+// router_bias changes the router GEMM kernels (their spec and entry names, so the two variants are
+// two cache entries) and no other unit: the layer with and without the bias shares the rest.
+TEST(Planner, RouterBiasChangesOnlyTheRouterKernels) {
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    MoeConfig plain = preset("gpt-oss-20b");
+    plain.router_gemm = true;
+    MoeConfig biased = plain;
+    biased.router_bias = true;
+    const Plan a_plan = make_plan(plain, arch), b_plan = make_plan(biased, arch);
+    const KernelSource a = generate(a_plan), b = generate(b_plan);
+    ASSERT_EQ(a.units.size(), b.units.size()) << arch;
+    for (size_t i = 0; i < a.units.size(); ++i) {
+      ASSERT_EQ(a.units[i].name, b.units[i].name) << arch;
+      if (a.units[i].name == "routing") {
+        EXPECT_NE(a.units[i].source, b.units[i].source) << arch;
+        EXPECT_NE(b.units[i].source.find("//   router_bias = true"), std::string::npos) << arch;
+      } else {
+        EXPECT_EQ(a.units[i].source, b.units[i].source) << arch << ": unit " << a.units[i].name;
+      }
+    }
+    ASSERT_EQ(a_plan.kernels.size(), b_plan.kernels.size());
+    int router_kernels = 0;
+    for (size_t i = 0; i < a_plan.kernels.size(); ++i) {
+      const KernelPlan &x = a_plan.kernels[i], &y = b_plan.kernels[i];
+      if (x.role != KernelRole::RouterGemm) {
+        EXPECT_EQ(x.entry, y.entry);
+        continue;
+      }
+      ++router_kernels;
+      EXPECT_NE(x.entry.find("_bf16_bf16"), std::string::npos) << x.entry;
+      EXPECT_EQ(x.entry.find("_bias"), std::string::npos) << x.entry;
+      EXPECT_NE(y.entry.find("_bf16_bf16_bias"), std::string::npos) << y.entry;
+      EXPECT_EQ(x.spec.back().name, "kBias");
+      EXPECT_EQ(x.spec.back().value, "false");
+      EXPECT_EQ(y.spec.back().value, "true");
+    }
+    EXPECT_GE(router_kernels, 2) << arch << ": a decode kernel and tensor-core tiles";
+  }
+}
+
 TEST(Planner, AnyChangedFieldChangesSomeUnit) {
   MoeConfig base = preset("qwen3-30b-a3b");
   auto sources = [](const MoeConfig& c) {

@@ -2,8 +2,10 @@
 // loader returns gate_weight [E, H] in the model dtype, whole on every rank, under each family's
 // name (Qwen/DeepSeek `mlp.gate.weight`, Mixtral `block_sparse_moe.gate.weight`, transformers 5.x
 // fused layers' `mlp.gate.weight`), converted from BF16 / F16 / F32 with one rounding; it names the
-// tensor and its file when it is missing or malformed, and refuses a router with a bias (gpt-oss)
-// by name, also where the Hugging Face config says gpt_oss. Without router_gemm nothing changes.
+// tensor and its file when it is missing or malformed. A router with a bias (gpt-oss's
+// `mlp.router.bias`) loads as gate_bias [E] with router_bias, is refused by name without it (the
+// bias would be dropped), and the Hugging Face reader sets router_bias for gpt_oss. Without
+// router_gemm nothing changes.
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -67,10 +69,10 @@ struct Tensors {
     list.push_back({std::move(name), std::move(dtype), std::move(shape), std::move(bytes)});
   }
   // Every tensor `config` needs for the layer (expected_tensors; zeros of the first dtype and shape
-  // allowed), the router's weight not among them: the tests add theirs.
+  // allowed), the router's weight and bias not among them: the tests add theirs.
   void add_layer(const MoeConfig& config, const MoeLayerTensors& layer) {
     MoeConfig experts_only = config;
-    experts_only.router_gemm = false;
+    experts_only.router_gemm = experts_only.router_bias = false;
     for (const ExpectedTensor& x : expected_tensors(experts_only, layer, 0, config.experts)) {
       int64_t n = 1;
       for (int64_t d : x.shapes.front()) n *= d;
@@ -274,9 +276,9 @@ TEST(RouterWeight, ProblemsNameTheTensorAndItsFile) {
   EXPECT_TRUE(load(bf16).gate_weight);
 }
 
-// gpt-oss's router adds a bias to its logits, which the router GEMM does not: router_gemm is refused
-// by name for its layers (and for any router with a bias), while its experts load as before.
-TEST(RouterWeight, RoutersWithABiasAreRefused) {
+// gpt-oss's router is a linear with a bias: router_gemm without router_bias is refused by name for
+// its layers (and for any router with a bias beside its weight), while its experts load as before.
+TEST(RouterWeight, ARouterBiasWithoutRouterBiasIsRefused) {
   TempDir dir;
   MoeConfig gpt_oss = router_config(DType::BF16);
   gpt_oss.activation = Activation::SwigluOai;
@@ -291,44 +293,174 @@ TEST(RouterWeight, RoutersWithABiasAreRefused) {
   const MoeLayerTensors found = layer_of(ckpt);
   ASSERT_EQ(found.naming, ExpertNaming::GptOss);
   EXPECT_EQ(router_weight_name(found), "model.layers.0.mlp.router.weight");
+  EXPECT_EQ(router_bias_name(found), "model.layers.0.mlp.router.bias");
   const std::string m = invalid_input_message([&] { load_experts(ckpt, gpt_oss, found); });
-  EXPECT_MESSAGE_HAS(m, "router_gemm: true");
+  EXPECT_MESSAGE_HAS(m, "router_bias: false, but this router adds a bias to its logits");
   EXPECT_MESSAGE_HAS(m, "gpt-oss's 'model.layers.0.mlp.router.bias'");
-  EXPECT_MESSAGE_HAS(m, "does not add");
-  EXPECT_MESSAGE_HAS(router_gemm_refusal(ckpt, gpt_oss, found), "router_gemm: true");
+  EXPECT_MESSAGE_HAS(m, "allowed: router_bias true");
+  EXPECT_MESSAGE_HAS(router_gemm_refusal(ckpt, gpt_oss, found), "router_bias: false");
   MoeConfig logits = gpt_oss;
   logits.router_gemm = false;
   EXPECT_EQ(router_gemm_refusal(ckpt, logits, found), "");
   const ExpertWeights w = load_experts(ckpt, logits, found);
-  EXPECT_TRUE(w.w13_bias && !w.gate_weight);
+  EXPECT_TRUE(w.w13_bias && !w.gate_weight && !w.gate_bias);
+  MoeConfig biased = gpt_oss;
+  biased.router_bias = true;
+  EXPECT_EQ(router_gemm_refusal(ckpt, biased, found), "");
 
   // Another family's router with a bias beside its weight.
-  TempDir biased("moejit_biased_");
+  TempDir other("moejit_biased_");
   const MoeConfig bf16 = router_config(DType::BF16);
   const MoeLayerTensors qwen{0, "model.layers.0.mlp", ExpertNaming::PerExpert, {}};
   Tensors q;
   q.add_layer(bf16, qwen);
   q.add("model.layers.0.mlp.gate.weight", "BF16", {kE, kH}, std::vector<unsigned char>(kE * kH * 2, 0));
   q.add("model.layers.0.mlp.gate.bias", "BF16", {kE}, std::vector<unsigned char>(kE * 2, 0));
-  q.write(biased.path() + "/model.safetensors");
-  const Checkpoint qckpt = Checkpoint::open(biased.path());
+  q.write(other.path() + "/model.safetensors");
+  const Checkpoint qckpt = Checkpoint::open(other.path());
   const std::string qm = invalid_input_message([&] { load_experts(qckpt, bf16, layer_of(qckpt)); });
-  EXPECT_MESSAGE_HAS(qm, "router_gemm: true");
-  EXPECT_MESSAGE_HAS(qm, "'model.layers.0.mlp.gate.bias'");
+  EXPECT_MESSAGE_HAS(qm, "router_bias: false");
+  EXPECT_MESSAGE_HAS(qm, "the checkpoint's 'model.layers.0.mlp.gate.bias'");
+  // A gpt-oss layer whose bias is not in the checkpoint is still gpt-oss's router.
+  TempDir lost("moejit_lost_bias_");
+  Tensors l;
+  l.add_layer(gpt_oss, layer);
+  l.add("model.layers.0.mlp.router.weight", "BF16", {kE, kH}, std::vector<unsigned char>(kE * kH * 2, 0));
+  l.write(lost.path() + "/model.safetensors");
+  const Checkpoint lckpt = Checkpoint::open(lost.path());
+  EXPECT_MESSAGE_HAS(invalid_input_message([&] { load_experts(lckpt, gpt_oss, layer_of(lckpt)); }),
+                     "missing from this checkpoint but part of gpt-oss's router");
 }
 
-// The Hugging Face reader refuses router_gemm for gpt_oss configs by name, and takes it elsewhere.
-TEST(RouterWeight, HfGptOssConfigRefusesRouterGemm) {
+// With router_bias the loader returns gpt-oss's router bias as gate_bias [E] in the model dtype (one
+// rounding, as the weight), whole on every rank, after gate_weight; expected_tensors lists it.
+TEST(RouterWeight, GptOssRouterBiasLoadsAsGateBias) {
+  TempDir dir;
+  MoeConfig c = router_config(DType::BF16);
+  c.activation = Activation::SwigluOai;
+  c.expert_bias = true;
+  c.router_bias = true;
+  const MoeLayerTensors layer{2, "model.layers.2.mlp", ExpertNaming::GptOss, {}};
+  const std::vector<float> gate = gate_values(3);
+  // F32 bias values with a bf16 tie (to even: down) and one that rounds up.
+  const std::vector<float> bias = {1.0f + 0x1p-8f, -0.3f, 2.5f + 0x1.8p-7f, 1e-3f};
+  Tensors t;
+  t.add_layer(c, layer);
+  t.add("model.layers.2.mlp.router.weight", "F32", {kE, kH}, bytes_of(gate));
+  t.add("model.layers.2.mlp.router.bias", "F32", {kE}, bytes_of(bias));
+  t.write(dir.path() + "/model.safetensors");
+  const Checkpoint ckpt = Checkpoint::open(dir.path());
+  const MoeLayerTensors found = layer_of(ckpt);
+  ASSERT_EQ(found.naming, ExpertNaming::GptOss);
+  std::vector<uint16_t> want(bias.size());
+  for (size_t i = 0; i < bias.size(); ++i) want[i] = float_to_bf16(bias[i]);
+  EXPECT_EQ(want[0], 0x3f80);
+  for (const auto [ep_size, ep_rank] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{4, 3}}) {
+    MoeConfig r = c;
+    r.ep_size = ep_size, r.ep_rank = ep_rank;
+    const ExpertWeights w = load_experts(ckpt, r, found);
+    ASSERT_TRUE(w.gate_weight && w.gate_bias);
+    EXPECT_EQ(w.gate_bias->dtype, "BF16");
+    EXPECT_EQ(w.gate_bias->shape, (std::vector<int64_t>{kE}));
+    ASSERT_EQ(w.gate_bias->bytes.size(), want.size() * 2);
+    EXPECT_EQ(std::memcmp(w.gate_bias->bytes.data(), want.data(), want.size() * 2), 0) << ep_rank;
+    const auto named = w.named();
+    ASSERT_GE(named.size(), 2u);
+    EXPECT_EQ(named[named.size() - 2].first, std::string("gate_weight"));
+    EXPECT_EQ(named.back().first, std::string("gate_bias"));
+  }
+  // An fp32 layer takes the values as they are.
+  MoeConfig fp32 = c;
+  fp32.dtype = fp32.router_dtype = DType::FP32;
+  EXPECT_EQ(load_gate_bias(ckpt, fp32, found).bytes, bytes_of(bias));
+  // expected_tensors: the bias after the weight, for router_bias only.
+  const std::vector<ExpectedTensor> x = expected_tensors(c, found, 0, kE);
+  ASSERT_GE(x.size(), 2u);
+  EXPECT_EQ(x[x.size() - 2].name, "model.layers.2.mlp.router.weight");
+  EXPECT_EQ(x.back().name, "model.layers.2.mlp.router.bias");
+  EXPECT_EQ(x.back().shapes, (std::vector<std::vector<int64_t>>{{kE}}));
+  MoeConfig no_bias = c;
+  no_bias.router_bias = false;
+  EXPECT_EQ(expected_tensors(no_bias, found, 0, kE).size(), x.size() - 1);
+  EXPECT_MESSAGE_HAS(invalid_input_message([&] { load_gate_bias(ckpt, no_bias, found); }), "router_bias: false");
+}
+
+// A missing, misshapen or non-float router bias is named with its file (the shard that holds it).
+TEST(RouterWeight, RouterBiasProblemsNameTheTensorAndItsFile) {
+  TempDir dir;
+  MoeConfig c = router_config(DType::BF16);
+  c.activation = Activation::SwigluOai;
+  c.expert_bias = true;
+  c.router_bias = true;
+  const MoeLayerTensors layer{0, "model.layers.0.mlp", ExpertNaming::GptOss, {}};
+  Tensors experts;
+  experts.add_layer(c, layer);
+  experts.add("model.layers.0.mlp.router.weight", "BF16", {kE, kH}, std::vector<unsigned char>(kE * kH * 2, 0));
+  experts.write(dir.path() + "/model-00001-of-00002.safetensors");
+  auto write_bias = [&](const std::string& dtype, std::vector<int64_t> shape) {
+    Tensors bias;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    bias.add("model.layers.0.mlp.router.bias", dtype, std::move(shape),
+             std::vector<unsigned char>(static_cast<size_t>(n * dtype_size(dtype)), 0));
+    bias.write(dir.path() + "/model-00002-of-00002.safetensors");
+  };
+  auto load = [&](const MoeConfig& config) {
+    const Checkpoint ckpt = Checkpoint::open(dir.path());
+    return load_experts(ckpt, config, layer_of(ckpt));
+  };
+  {
+    const std::string m = invalid_input_message([&] { load(c); });
+    EXPECT_MESSAGE_HAS(m, "layer 0");
+    EXPECT_MESSAGE_HAS(m, "tensor 'model.layers.0.mlp.router.bias' missing");
+    EXPECT_MESSAGE_HAS(m, dir.path());
+  }
+  write_bias("BF16", {kE + 1});
+  {
+    const std::string m = invalid_input_message([&] { load(c); });
+    EXPECT_MESSAGE_HAS(m, "'model.layers.0.mlp.router.bias' is [5] BF16 in '");
+    EXPECT_MESSAGE_HAS(m, "model-00002-of-00002.safetensors'");
+    EXPECT_MESSAGE_HAS(m, "the router's bias (router_bias; converted to BF16) must be [4] BF16 or F16 or F32");
+  }
+  write_bias("BF16", {1, kE});
+  EXPECT_MESSAGE_HAS(invalid_input_message([&] { load(c); }), "is [1, 4] BF16 in '");
+  write_bias("I32", {kE});
+  {
+    const Checkpoint ckpt = Checkpoint::open(dir.path());
+    const std::string m = invalid_input_message([&] { load_gate_bias(ckpt, c, layer_of(ckpt)); });
+    EXPECT_MESSAGE_HAS(m, "is [4] I32 in '");
+    EXPECT_MESSAGE_HAS(m, "model-00002-of-00002.safetensors'");
+  }
+  write_bias("F16", {kE});
+  EXPECT_TRUE(load(c).gate_bias);
+}
+
+// The Hugging Face reader: a gpt_oss layer computing its logits adds its router's bias
+// (router_bias follows router_gemm), refuses to drop it, and no other family has one.
+TEST(RouterWeight, HfGptOssConfigSetsRouterBiasWithRouterGemm) {
   std::ifstream in(std::string(MOEJIT_TEST_FIXTURES) + "/hf/gpt-oss-20b/config.json");
   nlohmann::json j = nlohmann::json::parse(in);
   j.erase("quantization_config");  // MXFP4, refused on its own
-  EXPECT_FALSE(config_from_hf_json(j).router_gemm);
-  const std::string m = invalid_input_message([&] { config_from_hf_json(j, {{"router_gemm", "true"}}); });
-  EXPECT_MESSAGE_HAS(m, "router_gemm: true");
-  EXPECT_MESSAGE_HAS(m, "gpt_oss's router adds a bias");
-  const MoeConfig qwen =
-      load_config_file(std::string(MOEJIT_TEST_FIXTURES) + "/hf/qwen3-30b-a3b/config.json", {{"router_gemm", "true"}});
+  const MoeConfig logits = config_from_hf_json(j);
+  EXPECT_FALSE(logits.router_gemm);
+  EXPECT_FALSE(logits.router_bias);
+  const MoeConfig gemm = config_from_hf_json(j, {{"router_gemm", "true"}});
+  EXPECT_TRUE(gemm.router_gemm);
+  EXPECT_TRUE(gemm.router_bias);
+  EXPECT_TRUE(validation_errors(gemm).empty());
+  EXPECT_TRUE(config_from_hf_json(j, {{"router_gemm", "true"}, {"router_bias", "true"}}).router_bias);
+  const std::string m =
+      invalid_input_message([&] { config_from_hf_json(j, {{"router_gemm", "true"}, {"router_bias", "false"}}); });
+  EXPECT_MESSAGE_HAS(m, "router_bias: false, but gpt_oss's router adds a bias (mlp.router.bias)");
+  EXPECT_MESSAGE_HAS(m, "allowed: router_bias true");
+  const std::string qwen_dir = std::string(MOEJIT_TEST_FIXTURES) + "/hf/qwen3-30b-a3b/config.json";
+  const MoeConfig qwen = load_config_file(qwen_dir, {{"router_gemm", "true"}});
   EXPECT_TRUE(qwen.router_gemm);
+  EXPECT_FALSE(qwen.router_bias);
+  EXPECT_MESSAGE_HAS(invalid_input_message([&] {
+                       load_config_file(qwen_dir, {{"router_gemm", "true"}, {"router_bias", "true"}});
+                     }),
+                     "router_bias: true, but qwen3_moe's router has no bias");
 }
 
 }  // namespace

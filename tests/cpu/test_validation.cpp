@@ -170,6 +170,11 @@ const std::vector<InvalidRow>& invalid_rows() {
        "fuse_shared_experts: 'maybe' is not allowed; allowed values: true, false"},
       {"router_gemm not a boolean", "", set("router_gemm", "1.5"), S::SetField,
        "router_gemm: '1.5' is not allowed; allowed values: true, false"},
+      {"router_bias not a boolean", "", set("router_bias", "on"), S::SetField,
+       "router_bias: 'on' is not allowed; allowed values: true, false"},
+      {"router_bias without router_gemm", "gpt-oss-20b", set("router_bias", "true"), S::Validate,
+       "router_bias: true needs router_gemm true (the layer adds the router's bias to the logits it computes from "
+       "gate_weight); allowed: router_gemm true, or router_bias false"},
       // quantization
       {"int8 quantization of fp32 activations", "", [](MoeConfig& c) {
          c.dtype = DType::FP32;

@@ -529,6 +529,7 @@ LayerInputs DeviceInputs::inputs() const {
   in.hidden = hidden.get();
   in.router_logits = gate_weight.get() ? nullptr : logits.get();
   in.gate_weight = gate_weight.get();
+  in.gate_bias = gate_bias.get();
   in.w13 = w13.get();
   in.w2 = w2.get();
   in.e_score_correction_bias = bias.as<float>();

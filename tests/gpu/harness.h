@@ -136,7 +136,8 @@ reference::Weights reference_weights(const Problem& p);
 struct DeviceInputs {
   DeviceBuffer hidden, logits, residual, bias, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias;
   // router_gemm layers: the gate weight [E, H]; when set, inputs() passes it and no router_logits.
-  DeviceBuffer gate_weight;
+  // router_bias layers: the router's bias [E] (dtype) beside it.
+  DeviceBuffer gate_weight, gate_bias;
   LayerInputs inputs() const;
 };
 // A host tensor's bytes in a new device buffer.

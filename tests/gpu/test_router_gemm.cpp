@@ -1,6 +1,7 @@
-// The router GEMM (router_gemm layers) on the GPU: the logits against the float64 sums, every later
-// stage against the reference on them, batch invariance within each router kernel's token range,
-// the refusals, and the kernels under memcheck and racecheck.
+// The router GEMM (router_gemm layers) on the GPU: the logits against the float64 sums (with the
+// router's bias for router_bias layers), every later stage against the reference on them, batch
+// invariance within each router kernel's token range, the refusals, and the kernels under memcheck
+// and racecheck.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +33,14 @@ MoeConfig with_router_gemm(MoeConfig c, DType router_dtype) {
   return c;
 }
 
+// gpt-oss's layer (softmax over the top-k logits, the clamped SwiGLU, expert biases) at a small size,
+// its router a linear with a bias (router_bias).
+MoeConfig gpt_oss_router(int experts, int topk, int64_t hidden, int64_t inter, DType dtype) {
+  MoeConfig c = with_router_gemm(sized(preset("gpt-oss-20b"), experts, topk, hidden, inter, dtype), dtype);
+  c.router_bias = true;
+  return c;
+}
+
 // N(0, 1) * 2 / sqrt(H), rounded to the dtype: logits of a few units over unit-variance hidden rows.
 HostTensor random_gate(const MoeConfig& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -40,6 +49,16 @@ HostTensor random_gate(const MoeConfig& c, uint64_t seed) {
   const float scale = 2.0f / std::sqrt(static_cast<float>(c.hidden));
   for (int64_t i = 0; i < gate.count; ++i) gate.set(i, normal(rng) * scale);
   return gate;
+}
+
+// The router's bias: N(0, 1), rounded to the dtype, as large as the logits, so that it moves the
+// routing (a bias the kernels dropped would pick other experts).
+HostTensor random_gate_bias(const MoeConfig& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  HostTensor bias(elem_of(c.dtype), c.experts);
+  for (int64_t i = 0; i < bias.count; ++i) bias.set(i, normal(rng));
+  return bias;
 }
 
 void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_counts) {
@@ -58,8 +77,10 @@ void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_cou
     Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true, .distinct_logits = false});
     SCOPED_TRACE(fmt::format("T={}: {}", T, p.describe()));
     const HostTensor gate = random_gate(c, seeds.next());
+    const HostTensor gate_bias = c.router_bias ? random_gate_bias(c, seeds.next()) : HostTensor(elem_of(c.dtype), 0);
     DeviceInputs in = upload(p);
     in.gate_weight = upload_tensor(gate);
+    if (c.router_bias) in.gate_bias = upload_tensor(gate_bias);
     GpuRun run = run_forward(*layer, in, T, stream.get());
     if (T == 0) {
       EXPECT_TRUE(check_untouched(run, p));
@@ -71,12 +92,12 @@ void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_cou
     HostTensor logits(logit_elem, T * E);
     logits.bytes = logit_bytes;
     // The logits: each within its rounding to the router dtype and the fp32 sum's error.
-    const std::vector<double> hidden = p.hidden.doubles(), gate_values = gate.doubles();
-    const std::vector<double> want = reference::router_logits(c, T, hidden, gate_values);
+    const std::vector<double> hidden = p.hidden.doubles(), gate_values = gate.doubles(), bias_values = gate_bias.doubles();
+    const std::vector<double> want = reference::router_logits(c, T, hidden, gate_values, bias_values);
     int64_t bad = 0;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < E; ++e) {
-        double magnitude = 0.0;
+        double magnitude = c.router_bias ? std::fabs(bias_values[e]) : 0.0;
         for (int64_t h = 0; h < H; ++h) magnitude += std::fabs(hidden[t * H + h] * gate_values[e * H + h]);
         const double got = logits.at(t * E + e), ref = want[t * E + e];
         if (!(std::fabs(got - ref) <= ulp * std::fabs(ref) + 1e-5 * magnitude) && bad++ < 5)
@@ -99,12 +120,16 @@ void check_router_gemm(const MoeConfig& c, const std::vector<int64_t>& token_cou
                 std::vector<uint8_t>(logit_bytes.begin(), logit_bytes.begin() + static_cast<ptrdiff_t>(row)))
         << "token 0's logits differ between T=" << first_tokens << " and T=" << T;
   }
-  // Both inputs, or neither, are refused by name.
+  // Both inputs, or neither, are refused by name; so is a bias the layer has no use for, or one it
+  // needs and lacks.
   DeviceBuffer scratch(4096);
-  LayerInputs both, neither;
+  LayerInputs both, neither, bias;
   both.router_logits = scratch.get();
   both.gate_weight = scratch.get();
-  for (const auto& [in, want] : {std::pair{both, "router_logits: given"}, std::pair{neither, "gate_weight: null"}}) {
+  bias.gate_weight = scratch.get();
+  bias.gate_bias = c.router_bias ? nullptr : scratch.get();
+  for (const auto& [in, want] : {std::pair{both, "router_logits: given"}, std::pair{neither, "gate_weight: null"},
+                                 std::pair{bias, c.router_bias ? "gate_bias: null" : "gate_bias: given"}}) {
     try {
       layer->forward(stream.get(), 1, in, scratch.get(), scratch.get(), 4096);
       ADD_FAILURE() << "accepted; expected: " << want;
@@ -152,7 +177,12 @@ INSTANTIATE_TEST_SUITE_P(
                                       c.quant = Quant::W8A8Int8;
                                       return c;
                                     }(),
-                                    DType::FP16)}),
+                                    DType::FP16)},
+        // gpt-oss's router (router_bias): the bias on the decode kernel and the tensor-core tiles
+        // (bf16, 40 experts: 32 x 64 tiles, the last 24 experts past E in the prefill ones) ...
+        RouterCase{"gpt_oss_bias_bf16", gpt_oss_router(40, 4, 264, 136, DType::BF16)},
+        // ... and on the element-by-element path at every T (fp32, odd H), fp32 logits.
+        RouterCase{"gpt_oss_bias_fp32_odd_hidden", gpt_oss_router(12, 3, 261, 72, DType::FP32)}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Under memcheck and racecheck: the router GEMM's vector and element paths, one and two token
@@ -161,6 +191,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Sanitize, RouterGemm) {
   check_router_gemm(with_router_gemm(small_config(64, 4, 264, 136, DType::BF16), DType::BF16), {1, 9, 40, 530});
   check_router_gemm(with_router_gemm(small_config(12, 3, 261, 72, DType::FP32), DType::FP32), {1, 40});
+}
+
+// The bias's loads under memcheck: one and two token tiles at decode, the mid and prefill tiles.
+TEST(Sanitize, RouterGemmBias) {
+  check_router_gemm(gpt_oss_router(40, 4, 264, 136, DType::BF16), {1, 9, 40, 530});
 }
 
 }  // namespace

@@ -218,6 +218,7 @@ TEST(IluLayer, RefusesWhatIxformerCannotComputeByName) {
       {"weight_layout kn", [](MoeConfig& c) { c.weight_layout = WeightLayout::KN; }},
       {"expert_bias", [](MoeConfig& c) { c.expert_bias = true; }},
       {"router_gemm", [](MoeConfig& c) { c.router_gemm = true; }},
+      {"router_gemm", [](MoeConfig& c) { c.router_gemm = c.router_bias = true; }},  // gpt-oss's router
   };
   for (const auto& r : refusals) {
     SCOPED_TRACE(r.what);

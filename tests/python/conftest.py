@@ -29,6 +29,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
 FAMILIES = ["mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "deepseek_v2", "qwen3_next"]
+# Families whose MoE block moejit runs whole (hf_blocks): gpt-oss too, whose experts module is not
+# the [E, 2I, H] layout the FAMILIES tests take (biases, interleaved, transposed: hf_gpt_oss).
+BLOCK_FAMILIES = FAMILIES + ["gpt_oss"]
 
 HIDDEN, MOE_INTERMEDIATE, VOCAB = 64, 32, 128
 
@@ -97,6 +100,12 @@ def _config(family: str, **overrides):
                   q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
                   routed_scaling_factor=1.5)
         cls, model_cls = transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM
+    elif family == "gpt_oss":
+        kw = dict(common, intermediate_size=MOE_INTERMEDIATE, num_local_experts=8, num_experts_per_tok=2,
+                  num_hidden_layers=1, head_dim=16, layer_types=["full_attention"],
+                  # Plain RoPE: GptOssConfig's YaRN defaults are for 131072 positions, not 64.
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+        cls, model_cls = transformers.GptOssConfig, transformers.GptOssForCausalLM
     elif family == "qwen3_next":
         kw = dict(common, intermediate_size=96, moe_intermediate_size=MOE_INTERMEDIATE,
                   shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2, num_hidden_layers=2,

@@ -385,7 +385,7 @@ def test_router_gemm_fused_names_and_inspect(tmp_path, moejit_cli):
 
 def test_router_gemm_refusals(tmp_path, moejit_cli):
     """A missing or misshapen gate weight is named with its file; gpt-oss's router, which adds a bias,
-    is refused for router_gemm by the config reader and by the loader."""
+    is refused for router_gemm without router_bias by the config reader and by the loader."""
     from conftest import moejit
 
     transformers = pytest.importorskip("transformers")
@@ -408,21 +408,99 @@ def test_router_gemm_refusals(tmp_path, moejit_cli):
         moejit.load_experts(tmp_path / "qwen", 0, router_gemm=True)
 
     E, H, I = 4, 64, 48
-    config = transformers.GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=2,
-                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                       vocab_size=64, max_position_embeddings=64, layer_types=["full_attention"])
     folder = tmp_path / "gpt-oss"
-    transformers.GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    _gpt_oss_model(E, H, I).save_pretrained(folder)
     assert "gate_weight" not in moejit.load_experts(folder, 0)
-    with pytest.raises(ValueError, match="router_gemm: true, but gpt_oss's router adds a bias"):
-        moejit.load_experts(folder, 0, router_gemm=True)
-    # The same checkpoint under a moejit config (no model_type to refuse): the loader refuses it.
+    # gpt-oss's router adds a bias: a layer computing its logits adds it too (router_bias, which its
+    # config.json sets with router_gemm), and one that would drop it is refused.
+    with pytest.raises(ValueError, match="router_bias: false, but gpt_oss's router adds a bias"):
+        moejit.load_experts(folder, 0, router_gemm=True, router_bias=False)
+    # The same checkpoint under a moejit config (no model_type to say gpt_oss): the loader refuses it.
     (folder / "config.json").write_text(json.dumps({"experts": E, "topk": 2, "hidden": H, "moe_intermediate": I,
                                                     "activation": "swigluoai", "expert_bias": True, "dtype": "bf16"}))
     assert "w13_bias" in moejit.load_experts(folder, 0)
-    with pytest.raises(ValueError, match=r"router_gemm: true, but this router adds a bias to its logits \(gpt-oss's "
+    with pytest.raises(ValueError, match=r"router_bias: false, but this router adds a bias to its logits \(gpt-oss's "
                                          r"'model.layers.0.mlp.router.bias'\)"):
         moejit.load_experts(folder, 0, router_gemm=True)
+    assert "gate_bias" in moejit.load_experts(folder, 0, router_gemm=True, router_bias=True)
     report = run_cli(moejit_cli, "inspect", "--model", folder, "--router-gemm", "true", check=False)
-    assert report.returncode == 1 and "problem: router_gemm: true, but this router adds a bias" in report.stdout
+    assert report.returncode == 1 and "problem: router_bias: false, but this router adds a bias" in report.stdout
     assert run_cli(moejit_cli, "inspect", "--model", folder).returncode == 0
+    assert run_cli(moejit_cli, "inspect", "--model", folder, "--router-gemm", "true", "--router-bias",
+                   "true").returncode == 0
+
+
+def _gpt_oss_model(E, H, I, seed=0):
+    """A tiny random GptOssForCausalLM in bf16: every weight N(0, 0.3), the router's bias N(0, 3), as
+    large as its logits, so that it moves the routing."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=2,
+                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       vocab_size=64, max_position_embeddings=64, layer_types=["full_attention"],
+                                       rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+    torch.manual_seed(seed)
+    model = transformers.GptOssForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        model.model.layers[0].mlp.router.bias.mul_(10.0)
+    return model.to(torch.bfloat16)
+
+
+def test_router_bias_returns_gpt_oss_router_bias(tmp_path, moejit_cli):
+    """gpt-oss (router_gemm, and router_bias, which its config.json sets with it): load_experts returns
+    the router's weight and bias (mlp.router.weight, mlp.router.bias), bit for bit what transformers
+    loads, whole on every rank; the layer computing its own logits from them equals transformers'
+    GptOssMLP. A missing or misshapen bias is named with its file; inspect and --dump-experts list it."""
+    from conftest import moejit
+
+    transformers = pytest.importorskip("transformers")
+    E, H, I = 8, 64, 32
+    model = _gpt_oss_model(E, H, I)
+    model.save_pretrained(tmp_path)
+    state = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
+    weight_name, bias_name = "model.layers.0.mlp.router.weight", "model.layers.0.mlp.router.bias"
+    assert weight_name in state and bias_name in state
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).model.layers[0].mlp
+    for ep_rank, tp_rank in ((0, 0), (1, 1)):
+        got = moejit.load_experts(tmp_path, 0, router_gemm=True, ep_size=2, ep_rank=ep_rank, tp_size=2, tp_rank=tp_rank)
+        assert got["gate_bias"].dtype == torch.bfloat16 and got["gate_bias"].shape == (E,)
+        assert torch.equal(gate_bits(got["gate_bias"]), gate_bits(loaded.router.bias.detach()))
+        assert torch.equal(gate_bits(got["gate_weight"]), gate_bits(loaded.router.weight.detach()))
+    assert "gate_bias" not in moejit.load_experts(tmp_path, 0)
+    # The whole block from the loaded tensors, against transformers' GptOssMLP.
+    got = moejit.load_experts(tmp_path, 0, router_gemm=True)
+    cfg = moejit.MoeConfig(experts=E, topk=2, hidden=H, moe_intermediate=I, activation="swigluoai", expert_bias=True,
+                           dtype=torch.bfloat16, router_gemm=True, router_bias=True)
+    hidden = torch.randn(9, H, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want, _ = loaded(hidden.view(1, 9, H))
+    args = (got["w13"], got["w2"], None, None, None, None, None, None, cfg.to_json())
+    out = torch.ops.moejit.moe_layer_gate(hidden, got["gate_weight"], *args, w13_bias=got["w13_bias"],
+                                          w2_bias=got["w2_bias"], gate_bias=got["gate_bias"])
+    assert rel_error(out, want.view(-1, H)) < 2e-2
+    # The bias matters: without it (a layer that adds a bias of zeros) the routing is another one.
+    zero = torch.ops.moejit.moe_layer_gate(hidden, got["gate_weight"], *args, w13_bias=got["w13_bias"],
+                                           w2_bias=got["w2_bias"], gate_bias=torch.zeros_like(got["gate_bias"]))
+    assert rel_error(zero, want.view(-1, H)) > 0.1
+
+    report = run_cli(moejit_cli, "inspect", "--model", tmp_path, "--router-gemm", "true")
+    line, = [ln for ln in report.stdout.splitlines() if ln.strip().startswith("router.bias")]
+    assert "1/1" in line and "[8] BF16" in line and "router_bias true" in report.stdout
+    dump = tmp_path / "dump.safetensors"
+    run_cli(moejit_cli, "inspect", "--model", tmp_path, "--layer", 0, "--dump-experts", dump, "--router-gemm", "true")
+    assert torch.equal(safetensors_torch.load_file(str(dump))["gate_bias"], got["gate_bias"])
+
+    path = tmp_path / "model.safetensors"
+    bias = state.pop(bias_name)
+    safetensors_torch.save_file(state, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"tensor '{bias_name}' missing"):
+        moejit.load_experts(tmp_path, 0, router_gemm=True)
+    report = run_cli(moejit_cli, "inspect", "--model", tmp_path, "--router-gemm", "true", check=False)
+    assert report.returncode == 1 and f"problem: '{bias_name}' missing" in report.stdout
+    state[bias_name] = bias[:-1].contiguous()
+    safetensors_torch.save_file(state, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"'{bias_name}' is \[7\] BF16 in '.*model.safetensors'; the router's bias "
+                                         rf"\(router_bias; converted to BF16\) must be \[8\]"):
+        moejit.load_experts(tmp_path, 0, router_gemm=True)

@@ -168,3 +168,141 @@ def test_opcheck_with_biases():
     torch.library.opcheck(torch.ops.moejit.experts.default,
                           (x, ids, weights, w13, w2, None, None, None, None, None, cfg.to_json()),
                           {"w13_bias": b13, "w2_bias": b2})
+
+
+# gpt-oss's router in the layer (router_gemm, router_bias): logits = hidden @ weight^T + bias, the fp32
+# sums and the bias rounded once to router_dtype, then the layer as above.
+
+def float64_layer(x, gate, bias, w13, w2, b13, b2, router_dtype, topk=K, limit=7.0):
+    """The whole gpt-oss layer in float64 on the rounded inputs (docs/LAYER_MATH.md "Router GEMM", SPEC.md):
+    the logits rounded once to router_dtype, softmax over all experts, top-k, renormalized; GEMM 1 with
+    its bias, the clamped SwiGLU, the activation rounded to the model dtype (the layer stores it so),
+    GEMM 2 with its bias; the weighted sum. Also returns the top-k ids."""
+    dtype = x.dtype
+    logits = (x.double() @ gate.double().t() + bias.double()).to(router_dtype).double()
+    p = torch.softmax(logits, dim=-1)
+    w, ids = torch.topk(p, topk, dim=-1)
+    w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
+    inter = w2.shape[2]
+    for t in range(x.shape[0]):
+        for j in range(topk):
+            e = int(ids[t, j])
+            g1 = w13[e].double() @ x[t].double() + b13[e].double()
+            g = g1[:inter].clamp(max=limit)
+            u = g1[inter:].clamp(-limit, limit)
+            act = ((u + 1) * g * torch.sigmoid(1.702 * g)).to(dtype).double()
+            y = (w2[e].double() @ act + b2[e].double()).to(dtype).double()
+            out[t] += w[t, j] * y
+    return out, ids
+
+
+def router_bias_case(dtype, tokens, seed=0):
+    """Random gpt-oss layer inputs: the router's bias as large as its logits, so that it decides routes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=g).to(dtype)
+    gate = (torch.randn(E, H, generator=g) / H ** 0.5).to(dtype)
+    bias = (torch.randn(E, generator=g) * 2).to(dtype)
+    w13 = (torch.randn(E, 2 * I, H, generator=g) * 0.3).to(dtype)
+    w2 = (torch.randn(E, H, I, generator=g) * 0.3).to(dtype)
+    b13 = torch.randn(E, 2 * I, generator=g) * 0.3
+    b2 = torch.randn(E, H, generator=g) * 0.3
+    return x, gate, bias, w13, w2, b13, b2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype, router_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                 (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("tokens", [0, 1, 7])
+def test_router_bias_layer_matches_float64_reference(device, dtype, router_dtype, tokens):
+    case = router_bias_case(dtype, tokens)
+    x, gate, bias, w13, w2, b13, b2 = (t.to(device) for t in case)
+    cfg = gpt_oss_config(dtype, router_gemm=True, router_bias=True, router_dtype=router_dtype)
+    got = torch.ops.moejit.moe_layer_gate(x, gate, w13, w2, None, None, None, None, None, None, cfg.to_json(),
+                                          w13_bias=b13, w2_bias=b2, gate_bias=bias)
+    assert got.shape == (tokens, H) and got.dtype == dtype and got.device == x.device
+    if not tokens:
+        return
+    want, ids = float64_layer(*case, router_dtype)
+    assert rel_error(got.cpu(), want) < TOLERANCE[dtype]
+    # The bias decides routes here: without it the tokens go elsewhere, and the layer is far off.
+    _, unbiased_ids = float64_layer(case[0], case[1], torch.zeros_like(case[2]), *case[3:], router_dtype)
+    assert not torch.equal(ids, unbiased_ids)
+    zero = torch.ops.moejit.moe_layer_gate(x, gate, w13, w2, None, None, None, None, None, None, cfg.to_json(),
+                                           w13_bias=b13, w2_bias=b2, gate_bias=torch.zeros_like(bias))
+    assert rel_error(zero.cpu(), want) > 0.1
+    # MoELayer holds the bias and passes it.
+    layer = MoELayer(cfg, w13, w2, w13_bias=b13, w2_bias=b2, gate_weight=gate, gate_bias=bias)
+    assert torch.equal(layer(x), got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_router_bias_layer_matches_hf_gpt_oss_mlp(device):
+    """moe_layer_gate with the router's weight and bias equals transformers' GptOssMLP, whose router is
+    F.linear(hidden, weight, bias)."""
+    _, mlp = hf_modules(hidden=64, inter=32, experts=8)
+    with torch.no_grad():
+        mlp.router.bias.mul_(5.0)  # routes the bias decides
+    mlp = mlp.to(device)
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(2)).to(device)
+    with torch.no_grad():
+        want, _ = mlp(x.view(1, 9, 64))
+    w13, w2, b13, b2 = moejit_tensors(mlp.experts)
+    cfg = gpt_oss_config(torch.float32, hidden=64, inter=32, experts=8, router_gemm=True, router_bias=True)
+    got = torch.ops.moejit.moe_layer_gate(x, mlp.router.weight.detach(), w13, w2, None, None, None, None, None, None,
+                                          cfg.to_json(), w13_bias=b13, w2_bias=b2,
+                                          gate_bias=mlp.router.bias.detach())
+    assert rel_error(got, want.view(9, 64)) < TOLERANCE[torch.float32]
+
+
+def test_router_bias_arguments_are_checked_by_name():
+    x, gate, bias, w13, w2, b13, b2 = router_bias_case(torch.bfloat16, 3)
+    biased = gpt_oss_config(torch.bfloat16, router_gemm=True, router_bias=True).to_json()
+    plain = gpt_oss_config(torch.bfloat16, router_gemm=True).to_json()
+
+    def call(cfg, **kw):
+        return torch.ops.moejit.moe_layer_gate(x, gate, w13, w2, None, None, None, None, None, None, cfg,
+                                               w13_bias=b13, w2_bias=b2, **kw)
+
+    with pytest.raises(ValueError, match=r"gate_bias is required: this config has router_bias true \(the router's "
+                                         rf"bias \[{E}\]"):
+        call(biased)
+    with pytest.raises(ValueError, match="gate_bias is given, but this config has router_bias false"):
+        call(plain, gate_bias=bias)
+    with pytest.raises(ValueError, match=rf"gate_bias must be \[{E}\] BFloat16 \(the model dtype, as gate_weight\), "
+                                         r"got \[6\] Float"):
+        call(biased, gate_bias=bias.float())
+    with pytest.raises(ValueError, match=rf"gate_bias must be \[{E}\] BFloat16 .*got \[1, 6\]"):
+        call(biased, gate_bias=bias.view(1, E))
+    with pytest.raises(ValueError, match=rf"gate_bias must be \[{E}\] BFloat16 .*got \[5\]"):
+        call(biased, gate_bias=bias[:5])
+    with pytest.raises(ValueError, match="gate_bias must be contiguous"):
+        call(biased, gate_bias=torch.stack([bias, bias], 1)[:, 0])
+    # The config: router_bias needs router_gemm (the caller's logits carry the bias already).
+    with pytest.raises(ValueError, match="router_bias: true needs router_gemm true"):
+        torch.ops.moejit.moe_layer(x, torch.zeros(3, E, dtype=torch.bfloat16), w13, w2, None, None, None, None, None,
+                                   None, gpt_oss_config(torch.bfloat16, router_bias=True).to_json(), w13_bias=b13,
+                                   w2_bias=b2)
+    with pytest.raises(ValueError, match="gate_bias is given, but the config has router_bias false"):
+        MoELayer(gpt_oss_config(torch.bfloat16, router_gemm=True), w13, w2, w13_bias=b13, w2_bias=b2,
+                 gate_weight=gate, gate_bias=bias)
+    # Meta: shapes and dtypes checked while tracing.
+    with torch.device("meta"):
+        m = [torch.empty_like(t, device="meta") for t in (x, gate, bias, w13, w2, b13, b2)]
+    out = torch.ops.moejit.moe_layer_gate(m[0], m[1], m[3], m[4], None, None, None, None, None, None, biased,
+                                          w13_bias=m[5], w2_bias=m[6], gate_bias=m[2])
+    assert out.shape == x.shape and out.device.type == "meta"
+    with pytest.raises(ValueError, match="gate_bias is required"):
+        torch.ops.moejit.moe_layer_gate(m[0], m[1], m[3], m[4], None, None, None, None, None, None, biased,
+                                        w13_bias=m[5], w2_bias=m[6])
+    with pytest.raises(ValueError, match=rf"gate_bias must be \[{E}\]"):
+        torch.ops.moejit.moe_layer_gate(m[0], m[1], m[3], m[4], None, None, None, None, None, None, biased,
+                                        w13_bias=m[5], w2_bias=m[6], gate_bias=m[2][:3])
+
+
+def test_opcheck_with_router_bias():
+    x, gate, bias, w13, w2, b13, b2 = router_bias_case(torch.float32, 5)
+    cfg = gpt_oss_config(torch.float32, router_gemm=True, router_bias=True)
+    torch.library.opcheck(torch.ops.moejit.moe_layer_gate.default,
+                          (x, gate, w13, w2, None, None, None, None, None, None, cfg.to_json()),
+                          {"w13_bias": b13, "w2_bias": b2, "gate_bias": bias})

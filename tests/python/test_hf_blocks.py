@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from conftest import FAMILIES, HIDDEN, TOLERANCE, VOCAB, build_model, moe_layer_count, rel_error
+from conftest import BLOCK_FAMILIES, FAMILIES, HIDDEN, TOLERANCE, VOCAB, build_model, moe_layer_count, rel_error
 
 
 def moejit_module():
@@ -32,7 +32,7 @@ def raising_experts_implementation():
     del ALL_EXPERTS_FUNCTIONS["moejit_test_refuse"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_whole_blocks_match_transformers(family, dtype, device, tokens, caplog, raising_experts_implementation):
     moejit = moejit_module()
@@ -138,10 +138,12 @@ def _moejit_ops_run(model, ids):
     return {e.name for e in prof.events() if e.name.startswith("moejit::moe_layer")}, out
 
 
-@pytest.mark.parametrize("family, router_in_call_above_decode", [("qwen3_moe", False), ("deepseek_v3", True)])
+@pytest.mark.parametrize("family, router_in_call_above_decode",
+                         [("qwen3_moe", False), ("deepseek_v3", True), ("gpt_oss", False)])
 def test_router_linear_joins_the_call_where_it_was_faster(family, router_in_call_above_decode):
     """bf16: the router's linear runs in the call (moe_layer_gate) at decode, beside it (torch's linear,
-    then moe_layer) above; DeepSeek-V3's fp32 router in the call at every T. Both equal transformers."""
+    then moe_layer) above; DeepSeek-V3's fp32 router in the call at every T; gpt-oss's router with its
+    bias (gate_bias) as the others. Both equal transformers."""
     moejit = moejit_module()
     hf_blocks = moejit.hf_blocks
     model = build_model(family, dtype=torch.bfloat16)
@@ -404,3 +406,70 @@ def test_top_k_beyond_the_kept_groups_is_not_taken():
     block.gate.top_k = 5
     config, why = moejit.hf_blocks.block_rule(block)
     assert config is None and "top-k 5 is more than the experts in the 1 kept group(s) of 2" in why
+
+
+def test_gpt_oss_block_is_one_call_with_its_router_bias(tokens):
+    """GptOssMLP taken whole: the router's weight and bias and the repacked experts in one moe_layer_gate
+    call at decode; the block returns (out, None) (GptOssDecoderLayer drops the router scores); the
+    bias is part of the call (zeroing it in the model changes the output); a changed weight is
+    repacked; the fallbacks give the block's own (out, scores)."""
+    moejit = moejit_module()
+    model = build_model("gpt_oss")
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        block.router.bias.mul_(20.0)  # routes the bias decides
+        model.set_experts_implementation("eager")
+        ref = model(tokens).logits
+        moejit.patch(model)
+        config = json.loads(block._moejit_whole_block)
+        assert (config["activation"], config["expert_bias"], config["router_gemm"]) == ("swigluoai", True, False)
+        ops, out = _moejit_ops_run(model, tokens)
+        assert ops == {"moejit::moe_layer_gate"}
+        assert rel_error(out, ref) < TOLERANCE[torch.float32]
+        x = torch.randn(1, 5, 64)
+        got, scores = block(x)
+        assert scores is None and got.shape == x.shape
+        saved = block.router.bias.clone()
+        block.router.bias.zero_()
+        zeroed = model(tokens).logits
+        assert rel_error(zeroed, ref) > 1e-2
+        block.router.bias.copy_(saved)
+        # A weight written in place is repacked before the next call (its version counter moved).
+        before = block.experts._moejit_packed[1][0]
+        block.experts.gate_up_proj.mul_(1.0)
+        assert rel_error(model(tokens).logits, ref) < TOLERANCE[torch.float32]
+        assert block.experts._moejit_packed[1][0] is not before
+        # The fallbacks: the block's own forward, router scores included.
+        model.config.output_router_logits = True
+        own_out, own_scores = block(x)
+        model.config.output_router_logits = False
+    assert own_scores is not None and own_scores.shape == (5, 2)
+    assert rel_error(own_out, got) < TOLERANCE[torch.float32]
+
+
+def test_gpt_oss_experts_run_on_moejit(tokens):
+    """Without whole blocks, GptOssExperts runs on torch.ops.moejit.experts (hf.py) from its repacked
+    weights, as transformers' eager experts compute."""
+    moejit = moejit_module()
+    model = build_model("gpt_oss", dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        ref = model(tokens).logits.float()
+        moejit.patch(model, whole_blocks=False)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = model(tokens).logits.float()
+    assert "moejit::experts" in {e.name for e in prof.events()}
+    assert rel_error(out, ref) < TOLERANCE[torch.bfloat16]
+
+
+def test_gpt_oss_under_torch_compile(tokens):
+    """A patched gpt-oss block traces whole (its weights packed at patch, outside the graph)."""
+    moejit = moejit_module()
+    model = moejit.patch(build_model("gpt_oss"))
+    with torch.no_grad():
+        eager = model(tokens).logits
+        compiled = torch.compile(model, backend="moejit", fullgraph=True)
+        out = compiled(tokens).logits
+    assert rel_error(out, eager) < TOLERANCE[torch.float32]

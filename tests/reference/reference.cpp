@@ -425,16 +425,19 @@ Layer layer(const MoeConfig& config, int64_t tokens, const std::vector<double>& 
 }
 
 std::vector<double> router_logits(const MoeConfig& c, int64_t tokens, const std::vector<double>& hidden,
-                                  const std::vector<double>& gate_weight) {
+                                  const std::vector<double>& gate_weight, const std::vector<double>& gate_bias) {
   const int64_t H = c.hidden, E = c.experts;
   if (static_cast<int64_t>(hidden.size()) != tokens * H || static_cast<int64_t>(gate_weight.size()) != E * H)
     throw std::invalid_argument("reference::router_logits: hidden must be [T, H] and gate_weight [E, H]");
+  if (static_cast<int64_t>(gate_bias.size()) != (c.router_bias ? E : 0))
+    throw std::invalid_argument("reference::router_logits: gate_bias must be [E] for router_bias layers and empty "
+                                "otherwise");
   std::vector<double> logits(static_cast<size_t>(tokens * E));
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t e = 0; e < E; ++e) {
       double sum = 0.0;
       for (int64_t h = 0; h < H; ++h) sum += hidden[t * H + h] * gate_weight[e * H + h];
-      logits[t * E + e] = sum;
+      logits[t * E + e] = c.router_bias ? sum + gate_bias[e] : sum;
     }
   return logits;
 }

@@ -24,11 +24,12 @@ struct Routing {
 Routing route(const MoeConfig& config, int64_t tokens, const std::vector<double>& logits,
               const std::vector<double>& bias);
 
-// Stage 1's router GEMM (router_gemm layers): logits [T, E] = hidden [T, H] @ gate_weight [E, H]^T,
-// exact sums of the inputs as the device holds them (the device's fp32 sum rounded to
-// router_dtype differs from these by that rounding).
+// Stage 1's router GEMM (router_gemm layers): logits [T, E] = hidden [T, H] @ gate_weight [E, H]^T
+// (+ gate_bias [E] for router_bias layers: given exactly then), exact sums of the inputs as the
+// device holds them (the device's fp32 sum rounded to router_dtype differs from these by that
+// rounding).
 std::vector<double> router_logits(const MoeConfig& config, int64_t tokens, const std::vector<double>& hidden,
-                                  const std::vector<double>& gate_weight);
+                                  const std::vector<double>& gate_weight, const std::vector<double>& gate_bias = {});
 
 // Stage 2 for this rank (config.ep_rank): stable counting sort of the flat pairs by local expert.
 // With fused shared experts (S = shared_slots()), a token has K' = K + S pairs f = t * K' + j
