@@ -273,6 +273,38 @@ def test_fused_shared_experts_are_slots_of_weight_one(ep_rank, dtype, device):
         torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"][:4], t["w2"], None, None, None, None, None, j)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_experts_as_caller_slots_equal_the_fused_layer(dtype, device):
+    """SGLang's form of fused shared experts: the caller's routing holds K + S slots, the last S naming
+    experts E..E+S-1 (the shared ones, packed after the routed ones) with weight 1. An experts-only
+    layer of E + S experts and top-k K + S takes it as it is, and computes what fuse_shared_experts
+    computes from the K routed slots (the same pairs in the same order)."""
+    E, K, S, T = 8, 3, 2, 7
+    cfg = small_config(experts=E, topk=K, hidden=48, moe_intermediate=40, n_shared_experts=S,
+                       fuse_shared_experts=True, dtype=moejit.config.dtype_name(dtype))
+    t = random_inputs(cfg, tokens=T, device=device, seed=9)
+    weights, ids = torch.ops.moejit.route(t["logits"], None, cfg.to_json())
+    fused = torch.ops.moejit.experts(t["hidden"], ids, weights, t["w13"], t["w2"], None, None, None, None, None,
+                                     cfg.to_json())
+    slots = small_config(experts=E + S, topk=K + S, hidden=48, moe_intermediate=40,
+                         dtype=moejit.config.dtype_name(dtype))
+    shared_ids = torch.arange(E, E + S, dtype=ids.dtype, device=ids.device).expand(T, S)
+    caller_ids = torch.cat([ids, shared_ids], dim=1).to(torch.int64)  # as torch.topk and SGLang hold them
+    caller_weights = torch.cat([weights, torch.ones(T, S, dtype=weights.dtype, device=weights.device)], dim=1)
+    out = torch.ops.moejit.experts(t["hidden"], caller_ids, caller_weights, t["w13"], t["w2"], None, None, None,
+                                   None, None, slots.to_json())
+    if device == "cpu":
+        assert torch.equal(out, fused)
+    else:
+        assert rel_error(out.cpu(), fused.double().cpu()) < TOLERANCE[dtype]
+    # Without the shared slots the two differ: the test sees the shared experts.
+    routed_only = torch.ops.moejit.experts(t["hidden"], ids.to(torch.int64), weights, t["w13"][:E], t["w2"][:E], None,
+                                           None, None, None, None,
+                                           small_config(experts=E, topk=K, hidden=48, moe_intermediate=40,
+                                                        dtype=moejit.config.dtype_name(dtype)).to_json())
+    assert rel_error(routed_only.cpu(), fused.double().cpu()) > 10 * TOLERANCE[dtype]
+
+
 # --- the router GEMM (router_gemm) -----------------------------------------------------------------
 
 def random_gate(cfg: MoeConfig, device="cpu", seed=11):
