@@ -52,9 +52,17 @@ TEST(CApi, StageEntryPointsRefuseNullArguments) {
   EXPECT_NE(std::string(moejit_last_error()).find("layer: null"), std::string::npos);
 }
 
+// A safetensors file written by hand: the 8-byte little-endian header length, the JSON header, then
+// `bytes` zero bytes (every tensor's data).
+void write_safetensors_of_zeros(const std::filesystem::path& path, const std::string& header, size_t bytes) {
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t length = header.size();
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((length >> (8 * i)) & 0xff));
+  f << header << std::string(bytes, '\0');
+}
+
 // A Qwen3-MoE-named checkpoint of two experts (H 16, I 8, bf16 zeros; with_gate: the router's
-// mlp.gate.weight [2, 16] too) written by hand: the safetensors format is an 8-byte little-endian
-// header length, the JSON header, the bytes.
+// mlp.gate.weight [2, 16] too).
 std::filesystem::path tiny_checkpoint(const std::string& name, bool drop_one_tensor, bool with_gate = false) {
   const auto dir = std::filesystem::temp_directory_path() / name;
   std::filesystem::remove_all(dir);
@@ -80,10 +88,7 @@ std::filesystem::path tiny_checkpoint(const std::string& name, bool drop_one_ten
     offset += 64;
   }
   header += "}";
-  std::ofstream f(dir / "model.safetensors", std::ios::binary);
-  const uint64_t length = header.size();
-  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((length >> (8 * i)) & 0xff));
-  f << header << std::string(offset, '\0');
+  write_safetensors_of_zeros(dir / "model.safetensors", header, offset);
   return dir;
 }
 
@@ -166,10 +171,7 @@ std::filesystem::path tiny_gpt_oss_checkpoint(const std::string& name, bool with
     offset += 2 * t.elements;
   }
   header += "}";
-  std::ofstream f(dir / "model.safetensors", std::ios::binary);
-  const uint64_t length = header.size();
-  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((length >> (8 * i)) & 0xff));
-  f << header << std::string(offset, '\0');
+  write_safetensors_of_zeros(dir / "model.safetensors", header, offset);
   return dir;
 }
 

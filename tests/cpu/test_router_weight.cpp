@@ -68,17 +68,19 @@ struct Tensors {
   void add(std::string name, std::string dtype, std::vector<int64_t> shape, std::vector<unsigned char> bytes) {
     list.push_back({std::move(name), std::move(dtype), std::move(shape), std::move(bytes)});
   }
+  // A tensor of zeros of that dtype and shape.
+  void add_zeros(std::string name, const std::string& dtype, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    add(std::move(name), dtype, std::move(shape), std::vector<unsigned char>(static_cast<size_t>(n * dtype_size(dtype)), 0));
+  }
   // Every tensor `config` needs for the layer (expected_tensors; zeros of the first dtype and shape
   // allowed), the router's weight and bias not among them: the tests add theirs.
   void add_layer(const MoeConfig& config, const MoeLayerTensors& layer) {
     MoeConfig experts_only = config;
     experts_only.router_gemm = experts_only.router_bias = false;
-    for (const ExpectedTensor& x : expected_tensors(experts_only, layer, 0, config.experts)) {
-      int64_t n = 1;
-      for (int64_t d : x.shapes.front()) n *= d;
-      add(x.name, x.dtypes.front(), x.shapes.front(),
-          std::vector<unsigned char>(static_cast<size_t>(n * dtype_size(x.dtypes.front())), 0));
-    }
+    for (const ExpectedTensor& x : expected_tensors(experts_only, layer, 0, config.experts))
+      add_zeros(x.name, x.dtypes.front(), x.shapes.front());
   }
   void write(const std::string& path) const {
     std::vector<TensorToWrite> out;
@@ -111,6 +113,20 @@ MoeLayerTensors layer_of(const Checkpoint& ckpt) {
   const auto layers = find_moe_layers(ckpt);
   EXPECT_EQ(layers.size(), 1u);
   return layers.at(0);
+}
+
+// The one MoE layer of the checkpoint in `dir`, loaded for `config`.
+ExpertWeights load_only_layer(const std::string& dir, const MoeConfig& config) {
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  return load_experts(ckpt, config, layer_of(ckpt));
+}
+
+// A file holding one tensor of zeros (a second shard beside the experts').
+void write_zeros(const std::string& path, const std::string& name, const std::string& dtype,
+                 std::vector<int64_t> shape) {
+  Tensors t;
+  t.add_zeros(name, dtype, std::move(shape));
+  t.write(path);
 }
 
 // The gate weight comes back whole for every rank, in the model dtype, as one rounding of the
@@ -229,17 +245,10 @@ TEST(RouterWeight, ProblemsNameTheTensorAndItsFile) {
   experts.add_layer(bf16, qwen);
   experts.write(dir.path() + "/model-00001-of-00002.safetensors");
   auto write_gate = [&](const std::string& dtype, std::vector<int64_t> shape) {
-    Tensors gate;
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    gate.add("model.layers.0.mlp.gate.weight", dtype, std::move(shape),
-             std::vector<unsigned char>(static_cast<size_t>(n * dtype_size(dtype)), 0));
-    gate.write(dir.path() + "/model-00002-of-00002.safetensors");
+    write_zeros(dir.path() + "/model-00002-of-00002.safetensors", "model.layers.0.mlp.gate.weight", dtype,
+                std::move(shape));
   };
-  auto load = [&](const MoeConfig& c) {
-    const Checkpoint ckpt = Checkpoint::open(dir.path());
-    return load_experts(ckpt, c, layer_of(ckpt));
-  };
+  auto load = [&](const MoeConfig& c) { return load_only_layer(dir.path(), c); };
   // Missing: the experts load without router_gemm, and with it the tensor is named.
   {
     MoeConfig logits = bf16;
@@ -398,17 +407,10 @@ TEST(RouterWeight, RouterBiasProblemsNameTheTensorAndItsFile) {
   experts.add("model.layers.0.mlp.router.weight", "BF16", {kE, kH}, std::vector<unsigned char>(kE * kH * 2, 0));
   experts.write(dir.path() + "/model-00001-of-00002.safetensors");
   auto write_bias = [&](const std::string& dtype, std::vector<int64_t> shape) {
-    Tensors bias;
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    bias.add("model.layers.0.mlp.router.bias", dtype, std::move(shape),
-             std::vector<unsigned char>(static_cast<size_t>(n * dtype_size(dtype)), 0));
-    bias.write(dir.path() + "/model-00002-of-00002.safetensors");
+    write_zeros(dir.path() + "/model-00002-of-00002.safetensors", "model.layers.0.mlp.router.bias", dtype,
+                std::move(shape));
   };
-  auto load = [&](const MoeConfig& config) {
-    const Checkpoint ckpt = Checkpoint::open(dir.path());
-    return load_experts(ckpt, config, layer_of(ckpt));
-  };
+  auto load = [&](const MoeConfig& config) { return load_only_layer(dir.path(), config); };
   {
     const std::string m = invalid_input_message([&] { load(c); });
     EXPECT_MESSAGE_HAS(m, "layer 0");
