@@ -56,6 +56,16 @@ MoeConfig router_config(DType dtype) {
   return c;
 }
 
+// gpt-oss's layer (expert biases, the clamped SwiGLU) at that size, computing its logits, with or
+// without the router's bias.
+MoeConfig gpt_oss_router_config(bool router_bias) {
+  MoeConfig c = router_config(DType::BF16);
+  c.activation = Activation::SwigluOai;
+  c.expert_bias = true;
+  c.router_bias = router_bias;
+  return c;
+}
+
 // Tensors to write into one or more files; each holds its own bytes.
 struct Tensors {
   struct Owned {
@@ -289,9 +299,7 @@ TEST(RouterWeight, ProblemsNameTheTensorAndItsFile) {
 // its layers (and for any router with a bias beside its weight), while its experts load as before.
 TEST(RouterWeight, ARouterBiasWithoutRouterBiasIsRefused) {
   TempDir dir;
-  MoeConfig gpt_oss = router_config(DType::BF16);
-  gpt_oss.activation = Activation::SwigluOai;
-  gpt_oss.expert_bias = true;
+  MoeConfig gpt_oss = gpt_oss_router_config(false);
   const MoeLayerTensors layer{0, "model.layers.0.mlp", ExpertNaming::GptOss, {}};
   Tensors t;
   t.add_layer(gpt_oss, layer);
@@ -345,10 +353,7 @@ TEST(RouterWeight, ARouterBiasWithoutRouterBiasIsRefused) {
 // rounding, as the weight), whole on every rank, after gate_weight; expected_tensors lists it.
 TEST(RouterWeight, GptOssRouterBiasLoadsAsGateBias) {
   TempDir dir;
-  MoeConfig c = router_config(DType::BF16);
-  c.activation = Activation::SwigluOai;
-  c.expert_bias = true;
-  c.router_bias = true;
+  const MoeConfig c = gpt_oss_router_config(true);
   const MoeLayerTensors layer{2, "model.layers.2.mlp", ExpertNaming::GptOss, {}};
   const std::vector<float> gate = gate_values(3);
   // F32 bias values with a bf16 tie (to even: down) and one that rounds up.
@@ -397,10 +402,7 @@ TEST(RouterWeight, GptOssRouterBiasLoadsAsGateBias) {
 // A missing, misshapen or non-float router bias is named with its file (the shard that holds it).
 TEST(RouterWeight, RouterBiasProblemsNameTheTensorAndItsFile) {
   TempDir dir;
-  MoeConfig c = router_config(DType::BF16);
-  c.activation = Activation::SwigluOai;
-  c.expert_bias = true;
-  c.router_bias = true;
+  const MoeConfig c = gpt_oss_router_config(true);
   const MoeLayerTensors layer{0, "model.layers.0.mlp", ExpertNaming::GptOss, {}};
   Tensors experts;
   experts.add_layer(c, layer);
