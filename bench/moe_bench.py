@@ -7,8 +7,10 @@ prints ms, TB/s of the expert weights actually touched, TFLOP/s and the ratio to
 
     floor = max(touched expert bytes / read bandwidth, 6*T*K*H*I / bf16 matmul rate)
 
-with both ceilings measured at the start of the same run (a large read-only reduction; an 8192^3
-bf16 matmul). Also a per-kernel time breakdown (torch.profiler) at three points.
+with both ceilings measured at the start of the same run: the read bandwidth is the best of torch.sum
+over a 4 GiB bf16 buffer (as bf16 and as an fp32 view) and a vectorized Triton read kernel over it
+(16-byte loads, an fp32 sum per program; bench/moebench/read_kernel.py), each printed; the matmul rate an
+8192^3 bf16 matmul. Also a per-kernel time breakdown (torch.profiler) at three points.
 
 With --quant, each preset's quantized layers (fp8_block, fp8_tensor, w8a8_int8; SPEC.md "Quantized
 experts") run right after its bf16 rows, in the same process, on its bf16 weights quantized on the GPU

@@ -15,8 +15,8 @@ def dry_run(args, presets):
     print(f"moe_bench dry run (no CUDA, no moejit; torch {torch.__version__}): {len(args.presets)} preset(s) x "
           f"{len(args.tokens)} token count(s)")
     print(f"timing: CUDA graphs of <= {args.calls} calls, <= {args.replays} replays (>= {args.min_replays}), "
-          f"~{args.budget_s:g} s budget per timing; ceilings measured first: torch.sum over {args.bw_gib:g} GiB bf16, "
-          "8192^3 bf16 matmul")
+          f"~{args.budget_s:g} s budget per timing; ceilings measured first: the best of torch.sum and a Triton read "
+          f"kernel over {args.bw_gib:g} GiB bf16, 8192^3 bf16 matmul")
     print(f"floor below uses nominal H200 numbers ({bw / 1e12:g} TB/s, {mm / 1e12:g} TFLOP/s) and the expected "
           "distinct experts of uniform routing; the real run measures both")
     if args.quants:
