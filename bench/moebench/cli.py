@@ -65,6 +65,10 @@ def build_parser(doc):
                          "python/moejit/lib/ then build/backends/torch/)")
     ap.add_argument("--out", metavar="FILE.md", help="also write the report (markdown) to this file")
     ap.add_argument("--calls", type=int, default=10, help="max layer calls captured per CUDA graph (default 10)")
+    ap.add_argument("--input-gib", type=float, default=2.0,
+                    help="max GiB of input buffers per point (a call's hidden, logits and routing, one buffer per "
+                         "call of a graph): fewer calls per graph where --calls of them would not fit (T=32768 at "
+                         "H=7168: 4 buffers of 0.5 GB) (default 2)")
     ap.add_argument("--replays", type=int, default=None, help="max timed replays per timing (default 20; --quick 5)")
     ap.add_argument("--min-replays", type=int, default=3, help="min timed replays per timing (default 3)")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -102,6 +106,8 @@ def resolve_args(args):
         args.replays = 5 if (args.quick or args.self_test) else 20
     if args.budget_s is None:
         args.budget_s = 0.2 if args.self_test else (1.0 if args.quick else 3.0)
+    if args.input_gib <= 0:
+        raise SystemExit("--input-gib must be > 0")
     args.min_replays = max(1, min(args.min_replays, args.replays))
     args.calls = max(1, args.calls)
     args.quants = list(dict.fromkeys(q for q in args.quant if q != "none"))
@@ -156,7 +162,8 @@ def main(argv=None, *, doc):
     report.emit(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, moejit {getattr(moejit, '__version__', '?')} "
                 f"from {moejit.library_path()}; HF eager: {hf_desc}")
     report.emit(f"- Command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
-    timing = (f"CUDA graphs of <= {args.calls} calls (each on its own input buffer), <= {args.replays} replays, "
+    timing = (f"CUDA graphs of <= {args.calls} calls (each on its own input buffer; the buffers <= {args.input_gib:g} GiB "
+              f"a point), <= {args.replays} replays, "
               "fresh random inputs copied in and a 256 MiB L2 scrub before each replay (not timed); median per call"
               if dev.cuda else f"CPU self-test: eager calls timed with perf_counter, <= {args.replays} each; median")
     report.emit(f"- Timing: {timing}. Weights bf16 random; router logits bf16 iid normal; zero correction bias.")

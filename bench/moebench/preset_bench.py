@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .baselines import grouped_mm_experts, rel_err, torch_route
-from .presets import expert_bytes, hf_skip_reason, layer_flops
+from .presets import expert_bytes, hf_skip_reason, input_slots, layer_flops
 from .report import fmt_err, fmt_ms, fmt_num, short_error
 from .timing import Timing
 
@@ -53,11 +53,14 @@ class PresetBench:
     def free(self):
         del self.w13, self.w2, self.hf_self
 
-    # -- inputs: `slots` buffers, each [T, ...]; call(i) reads buffer i
+    # -- inputs: `slots` buffers (fewer where they would exceed --input-gib), each [T, ...]; call(i)
+    # reads buffer i; buf.slots says how many there are
     def make_inputs(self, tokens, slots):
         p, device = self.p, self.d.dev
         e, k, h = p["experts"], p["topk"], p["hidden"]
+        slots = input_slots(p, tokens, slots, int(self.args.input_gib * (1 << 30)))
         buf = types.SimpleNamespace(
+            slots=slots,
             hidden=torch.empty(slots, tokens, h, dtype=torch.bfloat16, device=device),
             logits=torch.empty(slots, tokens, e, dtype=torch.bfloat16, device=device),
             ids=torch.empty(slots, tokens, k, dtype=torch.int32, device=device),
@@ -129,7 +132,8 @@ class PresetBench:
         calls = self.calls(buf)
         errs = self.check(buf, fill, calls, hf_skip)
         timings, modes = self.time_calls(tokens, calls, fill, ("moejit", "experts", "grouped_mm", "hf"),
-                                         eager=("hf",), skip={"hf": hf_skip} if hf_skip else {})
+                                         eager=("hf",), skip={"hf": hf_skip} if hf_skip else {},
+                                         max_calls=buf.slots)
         hit = (buf.hit_sum / max(buf.fills, 1)).item()
         del buf, calls
         if self.d.cuda:
@@ -160,10 +164,11 @@ class PresetBench:
             self.notes.append(f"T={tokens}: moejit experts-only differs from the layer: rel.err {errs['experts']:.2e}")
         return row, {"moejit": m, "experts": ex, "grouped_mm": gm, "errs": errs}
 
-    def time_calls(self, tokens, calls, fill, keys, eager=(), skip=None, tag="", log=None):
+    def time_calls(self, tokens, calls, fill, keys, eager=(), skip=None, tag="", log=None, max_calls=None):
         """({key: Timing, or a string saying why there is none}, ["key mode callsxreps", ...]): each of
-        `keys` timed as a CUDA graph (those in `eager`: single eager calls); `skip` {key: reason}.
-        Problems go to log.notes and log.failed (log: this bench by default)."""
+        `keys` timed as a CUDA graph of <= max_calls calls (the input buffers; default --calls), those in
+        `eager` as single eager calls; `skip` {key: reason}. Problems go to log.notes and log.failed (log:
+        this bench by default)."""
         log = log or self
         timings, modes = {}, []
         for key in keys:
@@ -172,7 +177,7 @@ class PresetBench:
                 continue
             try:
                 t = self.d.time_eager(calls[key], fill) if key in eager else \
-                    self.d.time_graph(calls[key], fill, self.args.calls)
+                    self.d.time_graph(calls[key], fill, max_calls or self.args.calls)
                 timings[key] = t
                 modes.append(f"{key} {t.mode.split(' ')[0]} {t.calls}x{t.reps}")
                 if t.mode.startswith("eager (capture failed"):
@@ -192,11 +197,12 @@ class PresetBench:
         QuantBench's calls) and `quant`, of that quantized moejit layer alone."""
         args = self.args
         buf, fill = self.make_inputs(tokens, args.profile_iters)
+        iters = buf.slots  # --profile-iters, fewer where their inputs would exceed --input-gib
         calls = (calls_of or self.calls)(buf)
         fill(1)
         calls["moejit"](0)  # first eager call at this T outside the profiler
         self.r.emit(f"#### Per-kernel breakdown: {self.name}{f' {quant}' if quant else ''} T={tokens} "
-                    f"({args.profile_iters} eager calls, "
+                    f"({iters} eager calls, "
                     f"{'CUDA kernels' if self.d.cuda else 'CPU operators'}, torch.profiler)")
         if (self.d.cuda and torch.cuda.get_device_capability()[0] >= 9
                 and os.environ.get("MOEJIT_PDL", "1") not in ("0", "false", "off", "no")):
@@ -209,11 +215,11 @@ class PresetBench:
                   (("moejit", "moejit layer (moe_layer)"), ("grouped_mm", "grouped_mm layer (experts only)")))
         for key, label in layers:
             try:
-                stats = self.d.kernel_breakdown(calls[key], fill, args.profile_iters)
+                stats = self.d.kernel_breakdown(calls[key], fill, iters)
             except Exception as e:  # noqa: BLE001
                 self.r.emit(f"- {label}: profiler failed: {short_error(e)}")
                 continue
-            total = sum(v[1] for v in stats.values()) / args.profile_iters
+            total = sum(v[1] for v in stats.values()) / iters
             graph_ms = measured_ms.get(key) if measured_ms else None
             self.r.emit("")
             self.r.emit(f"{label}: kernels sum to {total:.1f} us per call"
@@ -224,8 +230,8 @@ class PresetBench:
             self.r.row(["---"] * 5)
             for name, (count, us) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
                 short = name if len(name) <= 100 else name[:97] + "..."
-                self.r.row([f"`{short.replace('|', '/')}`", f"{count / args.profile_iters:g}", f"{us / count:.1f}",
-                            f"{us / args.profile_iters:.1f}", f"{100 * us / args.profile_iters / max(total, 1e-9):.1f}%"])
+                self.r.row([f"`{short.replace('|', '/')}`", f"{count / iters:g}", f"{us / count:.1f}",
+                            f"{us / iters:.1f}", f"{100 * us / iters / max(total, 1e-9):.1f}%"])
         self.r.emit("")
         del buf, calls
         if self.d.cuda:
@@ -251,7 +257,7 @@ def chain_probe(name, p, dev, args, report, moejit, measured):
         cells = []
         for t in tokens:
             buf, fill = probe.make_inputs(t, args.calls)
-            chain_ms = dev.time_graph(probe.calls(buf)["moejit"], fill, args.calls).ms
+            chain_ms = dev.time_graph(probe.calls(buf)["moejit"], fill, buf.slots).ms
             full_ms = (measured.get(t) or {}).get("moejit")
             cells.append(f"T={t} {chain_ms * 1e3:.1f} us" +
                          (f" ({100 * chain_ms / full_ms:.0f}% of the layer's {full_ms * 1e3:.1f} us)" if full_ms else ""))

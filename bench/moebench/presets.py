@@ -95,6 +95,18 @@ def expected_hit(p, tokens):
     return e * (1.0 - (1.0 - k / e) ** tokens)
 
 
+def input_slot_bytes(p, tokens):
+    """Device bytes of one timed call's inputs (PresetBench.make_inputs): bf16 hidden and router logits,
+    the routing as int32 ids, int64 ids and fp32 weights."""
+    return tokens * (p["hidden"] * BF16_BYTES + p["experts"] * BF16_BYTES + p["topk"] * (4 + 8 + 4))
+
+
+def input_slots(p, tokens, wanted, cap_bytes):
+    """How many input buffers (= calls per CUDA graph at most) a point gets: `wanted`, fewer where they
+    would exceed cap_bytes (at T=32768, H=7168 one is 0.5 GB), at least one."""
+    return max(1, min(wanted, cap_bytes // input_slot_bytes(p, tokens)))
+
+
 def hf_skip_reason(p, tokens, args):
     if args.no_hf:
         return "skipped (--no-hf)"

@@ -113,7 +113,7 @@ class QuantBench:
         errs = self.check(buf, fill, calls)
         skip = {} if "sgmm" in calls and "sgmm_fail" not in errs else {"sgmm": errs.get("sgmm_fail", self.sgmm_skip)}
         timings, modes = base.time_calls(tokens, calls, fill, ("moejit", "experts", "sgmm"), skip=skip,
-                                         tag=f" {quant}", log=self)
+                                         tag=f" {quant}", log=self, max_calls=buf.slots)
         hit = (buf.hit_sum / max(buf.fills, 1)).item()
         del buf, calls, fill
         if base.d.cuda:
