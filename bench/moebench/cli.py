@@ -21,6 +21,9 @@ from .presets import (DEFAULT_BREAKDOWN, DEFAULT_PRESETS, FULL_TOKENS, PRESETS, 
 from .quant import quant_matmul_ceilings
 from .quant_bench import run_quant_variants
 from .report import COLUMNS, LEGEND, QUANT_LEGEND, Report, fmt_rate, git_revision, short_error
+from .targets import (DEFAULT_NOISE_MARGIN_PCT, DEFAULT_TABLE, DEFAULT_TABLE_SHOWN, TARGET_PRESETS, TARGET_TOKENS,
+                      TARGETS_BUDGET_S)
+from .targets_bench import TargetsRun
 from .timing import Device
 
 
@@ -46,9 +49,11 @@ def build_parser(doc):
                doc[doc.index("What each timing includes"):],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", nargs="+", default=None, metavar="PRESET",
-                    help=f"presets to run (default: {' '.join(DEFAULT_PRESETS)}; known: {', '.join(PRESETS)})")
+                    help=f"presets to run (default: {' '.join(DEFAULT_PRESETS)}; with --targets {' '.join(TARGET_PRESETS)}; "
+                         f"known: {', '.join(PRESETS)})")
     ap.add_argument("--tokens", nargs="+", type=int, default=None, metavar="T",
-                    help=f"token counts (default {FULL_TOKENS}; with --quick {QUICK_TOKENS})")
+                    help=f"token counts (default {FULL_TOKENS}; with --quick {QUICK_TOKENS}; with --targets "
+                         f"{' '.join(map(str, TARGET_TOKENS))})")
     ap.add_argument("--quick", action="store_true",
                     help="T in {1,16,256,4096}, fewer replays and a smaller time budget per timing (~2-4 min on an H200)")
     ap.add_argument("--dry-run", action="store_true", help="print the planned points and exit (no CUDA, no moejit)")
@@ -56,6 +61,25 @@ def build_parser(doc):
                     help="run the whole benchmark on tiny shapes (CPU when there is no GPU) and check that moejit, "
                          "grouped_mm and the HF loop agree; exit status 1 on a mismatch (presets: "
                          + ", ".join(TINY_PRESETS) + f"; T {TINY_TOKENS})")
+    ap.add_argument("--targets", action="store_true",
+                    help=f"issue 21's points ({len(TARGET_PRESETS)} presets x {len(TARGET_TOKENS)} token counts unless "
+                         "--presets/--tokens say otherwise): the moejit layer alone per point, each judged against its "
+                         "targets, a summary, and the saved run's times beside this run's (see --compare); ~4-6 min on "
+                         "an H200")
+    ap.add_argument("--grouped-mm", action="store_true",
+                    help="with --targets: also time the torch._grouped_mm layer at every point (off by default there)")
+    ap.add_argument("--save-table", nargs="?", const=DEFAULT_TABLE, default=None, metavar="PATH",
+                    help="with --targets: write this run's moejit ms per point as JSON {meta, points: {preset: {T: ms}}} "
+                         f"to PATH (default {DEFAULT_TABLE_SHOWN}), after every preset; the file then holds this run's "
+                         "points only")
+    ap.add_argument("--compare", default=None, metavar="PATH",
+                    help="with --targets: the saved table to compare with (default "
+                         f"{DEFAULT_TABLE_SHOWN}; 'none': no comparison); each row gets its prev ms and new/prev, "
+                         "points slower by more than --noise-margin are flagged; a missing file is reported, not an "
+                         "error")
+    ap.add_argument("--noise-margin", type=float, default=DEFAULT_NOISE_MARGIN_PCT, metavar="PCT",
+                    help=f"with --compare: slower than the saved run by more than this %% is flagged "
+                         f"(default {DEFAULT_NOISE_MARGIN_PCT:g})")
     ap.add_argument("--quant", nargs="+", default=["none"], metavar="Q", choices=("none",) + QUANTS,
                     help="quantized layers to run after each preset's bf16 rows, on its weights quantized: any of "
                          f"{', '.join(QUANTS)} (default none: bf16 only). The bf16 rows always run: the quantized "
@@ -65,7 +89,7 @@ def build_parser(doc):
                          "python/moejit/lib/ then build/backends/torch/)")
     ap.add_argument("--out", metavar="FILE.md", help="also write the report (markdown) to this file")
     ap.add_argument("--calls", type=int, default=10, help="max layer calls captured per CUDA graph (default 10)")
-    ap.add_argument("--input-gib", type=float, default=2.0,
+    ap.add_argument("--input-gib", type=float, default=2.0, metavar="GIB",
                     help="max GiB of input buffers per point (a call's hidden, logits and routing, one buffer per "
                          "call of a graph): fewer calls per graph where --calls of them would not fit (T=32768 at "
                          "H=7168: 4 buffers of 0.5 GB) (default 2)")
@@ -73,7 +97,7 @@ def build_parser(doc):
     ap.add_argument("--min-replays", type=int, default=3, help="min timed replays per timing (default 3)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="rough time budget per timing, seconds: limits calls x replays for slow points "
-                         "(default 3; --quick 1)")
+                         f"(default 3; --quick 1; --targets {TARGETS_BUDGET_S:g})")
     ap.add_argument("--graph-target-ms", type=float, default=50.0,
                     help="calls per graph = min(--calls, this / eager ms of one call) (default 50)")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF eager loop everywhere")
@@ -94,18 +118,20 @@ def build_parser(doc):
 def resolve_args(args):
     presets = TINY_PRESETS if args.self_test else PRESETS
     if args.presets is None:
-        args.presets = list(TINY_PRESETS) if args.self_test else list(DEFAULT_PRESETS)
+        args.presets = list(TINY_PRESETS) if args.self_test else list(TARGET_PRESETS if args.targets else DEFAULT_PRESETS)
     unknown = [p for p in args.presets if p not in presets]
     if unknown:
         raise SystemExit(f"unknown preset(s) {unknown}; known: {', '.join(presets)}")
     if args.tokens is None:
-        args.tokens = TINY_TOKENS if args.self_test else (QUICK_TOKENS if args.quick else FULL_TOKENS)
+        args.tokens = (TINY_TOKENS if args.self_test else TARGET_TOKENS if args.targets else
+                       QUICK_TOKENS if args.quick else FULL_TOKENS)
     if any(t < 1 for t in args.tokens):
         raise SystemExit("--tokens must be >= 1")
     if args.replays is None:
         args.replays = 5 if (args.quick or args.self_test) else 20
     if args.budget_s is None:
-        args.budget_s = 0.2 if args.self_test else (1.0 if args.quick else 3.0)
+        args.budget_s = 0.2 if args.self_test else (TARGETS_BUDGET_S if args.targets else 1.0 if args.quick else 3.0)
+    resolve_targets_args(args)
     if args.input_gib <= 0:
         raise SystemExit("--input-gib must be > 0")
     args.min_replays = max(1, min(args.min_replays, args.replays))
@@ -115,6 +141,27 @@ def resolve_args(args):
     if args.self_test and args.breakdown == DEFAULT_BREAKDOWN:
         args.breakdown_points = [("tiny-qwen3", 7)]
     return presets
+
+
+def resolve_targets_args(args):
+    """--targets' defaults (no breakdowns unless asked; compare with the default saved table) and the
+    options that only --targets takes."""
+    if not args.targets:
+        given = [flag for flag, value in (("--grouped-mm", args.grouped_mm), ("--save-table", args.save_table),
+                                          ("--compare", args.compare)) if value]
+        if given:
+            raise SystemExit(f"{', '.join(given)}: only with --targets")
+        return
+    if args.quant != ["none"]:
+        raise SystemExit("--targets times the bf16 layers only; run --quant without --targets")
+    if args.breakdown == DEFAULT_BREAKDOWN:
+        args.breakdown = "none"  # the defaults' points are no targets; --breakdown P:T still adds one
+    if args.compare is None:
+        args.compare = DEFAULT_TABLE
+    if args.compare.strip().lower() == "none":
+        args.compare = None
+    if args.noise_margin < 0:
+        raise SystemExit("--noise-margin must be >= 0")
 
 
 def main(argv=None, *, doc):
@@ -141,7 +188,8 @@ def main(argv=None, *, doc):
         torch.ops.load_library(os.path.abspath(args.moejit_library))
     import moejit  # loads the op library (ImportError lists where it looked)
 
-    hf_fn, hf_desc = (None, "not run (--no-hf)") if args.no_hf else hf_eager_forward()
+    hf_fn, hf_desc = ((None, "not run (--targets)") if args.targets else
+                      (None, "not run (--no-hf)") if args.no_hf else hf_eager_forward())
     report = Report(args.out)
     dev = Device(device, args)
     torch.manual_seed(args.seed)
@@ -155,13 +203,17 @@ def main(argv=None, *, doc):
                + (f", L2 {l2 / 2 ** 20:.0f} MiB" if l2 else "") + ")")
     else:
         l2, gpu = None, f"none: CPU ({platform.processor() or platform.machine()}), moejit's CPU ops"
-    report.emit(f"# moejit layer benchmark{' (self-test, tiny shapes)' if args.self_test else ''}")
+    command = " ".join([os.path.basename(sys.executable)]
+                       + (sys.argv if argv is None else ["bench/moe_bench.py"] + list(argv)))
+    report.emit(f"# moejit layer benchmark{': issue 21 targets' if args.targets else ''}"
+                f"{' (self-test, tiny shapes)' if args.self_test else ''}")
     report.emit("")
-    report.emit(f"- Date: {now}; commit {git_revision()}; host {platform.node()}")
+    commit = git_revision()
+    report.emit(f"- Date: {now}; commit {commit}; host {platform.node()}")
     report.emit(f"- GPU: {gpu}")
     report.emit(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, moejit {getattr(moejit, '__version__', '?')} "
                 f"from {moejit.library_path()}; HF eager: {hf_desc}")
-    report.emit(f"- Command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    report.emit(f"- Command: {command}")
     timing = (f"CUDA graphs of <= {args.calls} calls (each on its own input buffer; the buffers <= {args.input_gib:g} GiB "
               f"a point), <= {args.replays} replays, "
               "fresh random inputs copied in and a 256 MiB L2 scrub before each replay (not timed); median per call"
@@ -171,6 +223,30 @@ def main(argv=None, *, doc):
     bw, mm, details = dev.ceilings(args.bw_gib)
     report.emit(f"- Ceilings (measured now): read bandwidth {bw / 1e12:.3f} TB/s, bf16 matmul {mm / 1e12:.1f} TFLOP/s "
                 f"({details}; {time.perf_counter() - t0:.1f} s)")
+    meta = {"commit": commit, "date": now, "device": gpu, "command": command,
+            "ceilings": {"read_tb_s": float(f"{bw / 1e12:.4g}"), "matmul_tflop_s": float(f"{mm / 1e12:.4g}"),
+                         "details": details}}
+    if args.targets:
+        failures = TargetsRun(args, presets, dev, report, moejit, (bw, mm), meta).run()
+    else:
+        failures = run_presets(args, presets, dev, report, moejit, hf_fn, (bw, mm), l2)
+    if dev.cuda and not args.self_test:
+        bw2, mm2, _ = dev.ceilings(args.bw_gib)
+        report.emit(f"Ceilings re-measured at the end (drift check; not used): {bw2 / 1e12:.3f} TB/s, "
+                    f"{mm2 / 1e12:.1f} TFLOP/s")
+    if args.self_test:
+        report.emit("self-test: " + ("PASS" if not failures else "FAIL"))
+    for f in failures:
+        report.emit(f"- problem: {f}")
+    report.close()
+    return 1 if (args.self_test and failures) else 0
+
+
+def run_presets(args, presets, dev, report, moejit, hf_fn, ceilings, l2):
+    """The default, --quick and --quant runs: per preset its bf16 table (moejit, experts-only, grouped_mm,
+    HF eager), its quantized tables, the launch-chain probe and the breakdowns; returns the problems."""
+    bw, mm = ceilings
+    device = dev.dev
     rates = {}
     if args.quants:
         t0 = time.perf_counter()
@@ -274,14 +350,4 @@ def main(argv=None, *, doc):
         if dev.cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-
-    if dev.cuda and not args.self_test:
-        bw2, mm2, _ = dev.ceilings(args.bw_gib)
-        report.emit(f"Ceilings re-measured at the end (drift check; not used): {bw2 / 1e12:.3f} TB/s, "
-                    f"{mm2 / 1e12:.1f} TFLOP/s")
-    if args.self_test:
-        report.emit("self-test: " + ("PASS" if not failures else "FAIL"))
-    for f in failures:
-        report.emit(f"- problem: {f}")
-    report.close()
-    return 1 if (args.self_test and failures) else 0
+    return failures

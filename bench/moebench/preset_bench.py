@@ -164,6 +164,38 @@ class PresetBench:
             self.notes.append(f"T={tokens}: moejit experts-only differs from the layer: rel.err {errs['experts']:.2e}")
         return row, {"moejit": m, "experts": ex, "grouped_mm": gm, "errs": errs}
 
+    def layer_point(self, tokens, with_grouped_mm=False):
+        """--targets at `tokens`: the moejit layer timed alone (and grouped_mm when asked), after one eager
+        call whose output must be finite (grouped_mm's is compared with it). Returns ({key: Timing or the
+        reason there is none}, ["key mode callsxreps", ...], experts hit per call (the mean over every
+        input timed), grouped_mm's rel.err or None)."""
+        buf, fill = self.make_inputs(tokens, self.args.calls)
+        calls = self.calls(buf)
+        fill(1)
+        out = calls["moejit"](0)  # also the first call at this T, outside any capture
+        if not torch.isfinite(out).all().item():
+            self.notes.append(f"T={tokens}: the moejit layer's output is not finite")
+            self.failed.append(self.notes[-1])
+        keys, skip, err = ["moejit"], {}, None
+        if with_grouped_mm:
+            keys.append("grouped_mm")
+            try:
+                err = rel_err(calls["grouped_mm"](0), out)
+                if err > 2e-2:
+                    self.notes.append(f"T={tokens}: grouped_mm rel.err {err:.2e} against the moejit layer")
+                    self.failed.append(self.notes[-1])
+            except Exception as e:  # noqa: BLE001
+                skip["grouped_mm"] = "ERR"
+                self.notes.append(f"T={tokens} grouped_mm check: {short_error(e)}")
+                self.failed.append(self.notes[-1])
+        del out
+        timings, modes = self.time_calls(tokens, calls, fill, keys, skip=skip, max_calls=buf.slots)
+        hit = (buf.hit_sum / max(buf.fills, 1)).item()
+        del buf, calls, fill
+        if self.d.cuda:
+            torch.cuda.empty_cache()
+        return timings, modes, hit, err
+
     def time_calls(self, tokens, calls, fill, keys, eager=(), skip=None, tag="", log=None, max_calls=None):
         """({key: Timing, or a string saying why there is none}, ["key mode callsxreps", ...]): each of
         `keys` timed as a CUDA graph of <= max_calls calls (the input buffers; default --calls), those in

@@ -58,6 +58,30 @@ on the GPU; inputs, routing and timing as above; moejit quantizes the activation
   T=64 and every row flag it above 0.1, rows at T < 16 above 0.2)."""
 
 
+def target_columns(with_grouped_mm, with_compare):
+    """The --targets table's columns: grouped_mm's with --grouped-mm, the saved run's with a table to compare."""
+    return (["T", "moejit ms", "TB/s", "TFLOP/s", "experts hit", "floor ms", "bound", "moejit/floor", "target", "met"]
+            + (["grouped_mm ms", "moejit/grouped_mm"] if with_grouped_mm else [])
+            + (["prev ms", "new/prev"] if with_compare else []))
+
+
+TARGETS_LEGEND = """\
+Columns (--targets: issue 21's points; every timed call sees fresh random inputs already in GPU memory):
+- moejit ms: torch.ops.moejit.moe_layer from bf16 router logits (routing + index + experts + combine, the whole
+  layer). CUDA graph of n back-to-back calls, each on its own input buffer; median ms per call.
+- TB/s, TFLOP/s: of moejit ms. Touched bytes = distinct experts hit per call (measured from the ids of every
+  timed input, mean: "experts hit") * 3*H*I*2; FLOPs = 6*T*K*H*I.
+- floor ms = max(touched bytes / read ceiling, FLOPs / matmul ceiling), the ceilings measured above; bound:
+  "bandwidth" where the read term is the larger, else "compute".
+- target: moejit/floor <= 1.15 at bandwidth-bound points, <= 1.25 at the others, and where issue 21 names them
+  a latency (qwen3-30b-a3b T=1: <= 21 us) and a prefill rate (FLOPs / moejit ms, TF/s); met: every target of the
+  row holds (MISSED: see the summary for which).
+- grouped_mm ms (--grouped-mm): the torch._grouped_mm layer on moejit's routing, experts only (no routing), CUDA
+  graph as above; moejit/grouped_mm = moejit ms (with routing) / grouped_mm ms.
+- prev ms, new/prev: the saved run's moejit ms at this point and this run's over it; SLOWER: more than the noise
+  margin above it ("-": the saved table has no such point)."""
+
+
 def fmt_ms(x):
     if x is None:
         return "-"
