@@ -1,16 +1,37 @@
 """--dry-run: the plan without CUDA or moejit: every preset's points with their bytes, FLOPs and a
-floor from nominal H200 numbers, and with --quant the quantized layers' floors (nominal too)."""
+floor from nominal H200 numbers, and with --quant the quantized layers' floors (nominal too); with
+--targets each point's bound and targets, and an estimate of the run's wall time."""
 
 import json
+import os
 
 import torch
 
 from .quant_bench import GUARD_LIMIT, GUARD_TOKENS
 from .presets import (NOMINAL_H200, NOMINAL_H200_QUANT, QUANT_MATMUL, expected_hit, expert_bytes, hf_skip_reason,
-                      layer_flops, preset_line, quant_expert_bytes, quant_scale_bytes, weight_bytes)
+                      input_slot_bytes, input_slots, layer_flops, preset_line, quant_expert_bytes, quant_scale_bytes,
+                      weight_bytes)
+from .targets import floor_and_bound, targets_of
+from .targets_bench import describe_targets
+from .timing import graph_shape
+
+# The wall-time model of a --targets run on an H200 (rough; the run itself prints when each preset is done).
+ASSUMED_CALL_VS_NOMINAL_FLOOR = 1.6  # moejit's ms / the nominal floor: 1.0-1.9 in sessions 11-18's runs
+CALL_FIXED_MS = 0.005                # launches a call cannot hide even at T=1
+CHECK_AND_WARM_CALLS = 5             # per point: the finite-output check, 2 warm-up calls, 2 eager estimates
+POINT_HOST_S = 0.03                  # per point: buffers allocated, capture + instantiate, empty_cache
+FILL_HOST_MS = 0.15                  # per input buffer filled: normal_, the route op, copies (host side)
+FILL_RATE = 1e12                     # B/s of random inputs written by normal_
+REPLAY_EXTRA_MS = 0.17               # per replay: the 256 MiB L2 scrub and the 200k-cycle GPU sleep
+PRESET_S = 5.0                       # per preset: a cold moejit.compile (2.3-3.7 s on 2 cores, session 18) and
+                                     # the random weights (<= 34 GB)
+RUN_S = 25.0                         # python, torch and moejit imports, the CUDA context, the ceilings at the start
+                                     # (3 Triton compiles) and the drift check at the end
 
 
 def dry_run(args, presets):
+    if args.targets:
+        return targets_plan(args, presets)
     bw, mm = NOMINAL_H200
     print(f"moe_bench dry run (no CUDA, no moejit; torch {torch.__version__}): {len(args.presets)} preset(s) x "
           f"{len(args.tokens)} token count(s)")
@@ -75,4 +96,81 @@ def quant_plan(args, p, bw):
 
 
 def _size(nbytes):
-    return f"{nbytes} B" if nbytes < 1000 else f"{nbytes / 1e3:.1f} kB"
+    return (f"{nbytes} B" if nbytes < 1000 else f"{nbytes / 1e3:.1f} kB" if nbytes < 1e6 else
+            f"{nbytes / 1e6:.1f} MB")
+
+
+def estimate_point_s(p, tokens, floor_ms, args):
+    """(seconds, calls per graph, replays) the model above expects a --targets point to take."""
+    call_ms = ASSUMED_CALL_VS_NOMINAL_FLOOR * floor_ms + CALL_FIXED_MS
+    slots = input_slots(p, tokens, args.calls, int(args.input_gib * (1 << 30)))
+    n, reps = graph_shape(call_ms, slots, args)
+    filled = slots + reps * n
+    per_call = 2 if args.grouped_mm else 1  # grouped_mm: about as slow again (its own graph, its own check)
+    gpu_ms = per_call * ((CHECK_AND_WARM_CALLS + reps * n) * call_ms + filled * input_slot_bytes(p, tokens) / FILL_RATE
+                         * 1e3 + reps * REPLAY_EXTRA_MS)
+    host_ms = per_call * (POINT_HOST_S * 1e3 + filled * FILL_HOST_MS)
+    return (gpu_ms + host_ms) / 1e3, n, reps
+
+
+def targets_plan(args, presets):
+    """--dry-run --targets: every point's expected touched bytes, FLOPs, nominal floor, bound and targets,
+    its input buffers and expected graph shape, and the run's estimated wall time."""
+    bw, mm = NOMINAL_H200
+    points = len(args.presets) * len(args.tokens)
+    print(f"moe_bench dry run, --targets (issue 21; no CUDA, no moejit; torch {torch.__version__}): "
+          f"{len(args.presets)} preset(s) x {len(args.tokens)} token count(s) = {points} points")
+    print(f"timed per point: the moejit layer (CUDA graph of <= {args.calls} calls, each on its own input buffer, the "
+          f"buffers <= {args.input_gib:g} GiB; <= {args.replays} replays (>= {args.min_replays}), ~{args.budget_s:g} s "
+          f"budget); grouped_mm: {'timed too' if args.grouped_mm else 'not timed (--grouped-mm times it)'}; HF eager, "
+          "experts-only, the launch-chain probe: not run")
+    print(f"ceilings measured first: read = the best of torch.sum (bf16, fp32 view) and a Triton vectorized read "
+          f"over {args.bw_gib:g} GiB bf16; matmul = 8192^3 bf16")
+    print(f"targets: {describe_targets()}")
+    print(f"floors and bounds below: NOMINAL H200 ({bw / 1e12:g} TB/s, {mm / 1e12:g} TFLOP/s) and the expected distinct "
+          "experts of uniform routing; the run uses the measured ceilings (sessions 11-18: 4.1-4.3 TB/s, 750-770 "
+          "TFLOP/s), which moves the bandwidth/compute crossover to a lower T. 'target ms': the slowest time that "
+          "meets every target at the nominal ceilings")
+    if args.compare:
+        state = "exists" if os.path.exists(args.compare) else "does not exist yet: the run will say so and go on"
+        print(f"compare with: {args.compare} ({state}); noise margin {args.noise_margin:g}%")
+    else:
+        print("compare with: nothing (--compare none)")
+    print(f"save this run's table to: {args.save_table or '(nowhere; --save-table [PATH])'}")
+    total_s = RUN_S
+    for name in args.presets:
+        p = presets[name]
+        print()
+        print(f"### {name}: {preset_line(name, p)}")
+        print(f"    expert weights {weight_bytes(p) / 1e9:.2f} GB bf16 ({expert_bytes(p) / 1e6:.1f} MB per expert), "
+              "allocated once for all its points")
+        print("    | T | experts hit (exp.) | touched GB | GFLOP | nominal floor ms | bound | target | target ms | "
+              "input buffers | graph (est.) |")
+        print("    |---|---|---|---|---|---|---|---|---|---|")
+        preset_s = PRESET_S
+        bounds = {}
+        for t in args.tokens:
+            touched, flops = expected_hit(p, t) * expert_bytes(p), layer_flops(p, t)
+            floor_ms, bound = floor_and_bound(touched, flops, bw, mm)
+            targets = targets_of(name, t, bound)
+            target_ms = min(floor_ms * x.limit if x.kind == "ratio" else x.limit if x.kind == "ms"
+                            else flops / x.limit * 1e3 for x in targets)
+            slots = input_slots(p, t, args.calls, int(args.input_gib * (1 << 30)))
+            seconds, n, reps = estimate_point_s(p, t, floor_ms, args)
+            preset_s += seconds
+            bounds.setdefault(bound, []).append(t)
+            print(f"    | {t} | {expected_hit(p, t):.1f} | {touched / 1e9:.3f} | {flops / 1e9:.1f} | {floor_ms:.4f} | "
+                  f"{bound} | {', '.join(x.label for x in targets)} | {target_ms:.4f} | "
+                  f"{slots} x {_size(input_slot_bytes(p, t))} | {n} x {reps} |")
+        print("    " + "; ".join(f"{b}-bound at T in {_ranges(ts)}" for b, ts in bounds.items())
+              + f"; estimated {preset_s:.0f} s")
+        total_s += preset_s
+    print()
+    print(f"estimated wall: ~{total_s:.0f} s ({total_s / 60:.1f} min) after the build, if moejit runs at "
+          f"{ASSUMED_CALL_VS_NOMINAL_FLOOR:g}x the nominal floor (the model: bench/moebench/dryrun.py)")
+    print(f"report file: {args.out or '(none; pass --out FILE.md)'}")
+    return 0
+
+
+def _ranges(tokens):
+    return f"{tokens[0]}..{tokens[-1]}" if len(tokens) > 1 else str(tokens[0])

@@ -15,6 +15,15 @@ from .report import short_error
 Timing = collections.namedtuple("Timing", "ms mode calls reps")
 
 
+def graph_shape(est_ms, max_calls, args):
+    """(calls per graph, replays) for a call of about est_ms: calls up to --graph-target-ms of work (at
+    most max_calls, the input buffers), replays up to --budget-s of work (between --min-replays and
+    --replays). The dry run's time estimate uses it too."""
+    n = max(1, min(max_calls, int(args.graph_target_ms / max(est_ms, 1e-3))))
+    reps = max(args.min_replays, min(args.replays, int(args.budget_s * 1e3 / max(n * est_ms, 1e-3))))
+    return n, reps
+
+
 class Device:
     """Timing primitives: CUDA graphs + events on CUDA; perf_counter on CPU (--self-test only)."""
 
@@ -60,8 +69,7 @@ class Device:
                 call(i)
         torch.cuda.current_stream(self.dev).wait_stream(side)
         est = min(self.eager_once_ms(call, 0), self.eager_once_ms(call, 0))
-        n = max(1, min(max_calls, int(args.graph_target_ms / max(est, 1e-3))))
-        reps = max(args.min_replays, min(args.replays, int(args.budget_s * 1e3 / max(n * est, 1e-3))))
+        n, reps = graph_shape(est, max_calls, args)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.current_stream(self.dev)
         try:
