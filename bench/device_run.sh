@@ -5,7 +5,9 @@
 #   GPU_TESTS=0    skip the GPU tier; GTEST_FILTER narrows it (passed through)
 #   GPU_TEST_JOBS  test processes at once on the GPU (default 4; scripts/gpu-test.sh says how): the
 #                  whole tier in one process no longer fits one 600 s call
-#   BENCH_ARGS     arguments of bench/moe_bench.py (default: the quick run of two presets)
+#   BENCH_ARGS     arguments of bench/moe_bench.py (default: the quick run of two presets); issue 21's
+#                  targets: BENCH_ARGS="--targets --save-table $OUT/h200_targets.json" (~1.5-2 min after
+#                  the build; compared with bench/saved/h200_targets.json when the tree has one)
 #   BENCH=0        skip the benchmark
 #   SWEEP=1        then time the candidate tiles of bench/tile_sweep.sh (SWEEP_FILE: its list)
 #   AUTOTUNE="p1 p2"  before the benchmark, `moejit compile --autotune --preset p` for each preset

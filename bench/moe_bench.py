@@ -37,6 +37,9 @@ Usage (from the repository root, after scripts/build.sh):
     PYTHONPATH=python python3 bench/moe_bench.py --quant fp8_block fp8_tensor w8a8_int8   # + quantized layers
     python3 bench/moe_bench.py --dry-run --quant fp8_block w8a8_int8   # also the quantized floors (nominal)
     ... --moejit-library /tmp/b/backends/torch/libmoejit_torch.so      # another build's op library
+    PYTHONPATH=python python3 bench/moe_bench.py --targets --save-table /tmp/t.json --out /tmp/t.md
+                                      # issue 21's 95 points judged, compared with bench/saved/h200_targets.json
+    python3 bench/moe_bench.py --dry-run --targets                     # their plan: floors, bounds, targets, wall
 
 What each timing includes (every timing starts from inputs already in device memory):
   moejit ms          torch.ops.moejit.moe_layer(hidden, router_logits, ...): the whole layer = routing from
@@ -64,6 +67,27 @@ Quantized layers (--quant; the same inputs, routing and CUDA-graph timing):
                      bf16 weights quantized per output row (coarser than 128x128 blocks: a speed reference).
                      A cell that is not a time says why (int8: no torch grouped int8 matmul; CPU; failed).
   HF eager runs for bf16 only. rel.err of a quantized row: against the moejit bf16 layer, same input.
+
+--targets (issue 21): mixtral-8x7b, qwen3-30b-a3b, deepseek-v3, qwen3-next-80b-a3b and kimi-k2 at T = 1, 2,
+4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192, 16384, 32768 (--presets/--tokens pick
+a subset). Per point only `moejit ms` as above (CUDA graph; grouped_mm too with --grouped-mm; no HF eager,
+experts-only, launch-chain probe or breakdowns), --budget-s 1 by default: ~1.5-2 min on an H200 after the
+build (--dry-run --targets prints the estimate and its model). Each row: the floor and its bound
+("bandwidth" where touched bytes / read ceiling >= FLOPs / matmul ceiling, else "compute"), its targets
+(moejit/floor <= 1.15 at bandwidth-bound points, <= 1.25 elsewhere; qwen3-30b-a3b T=1 <= 21 us; >= 680
+TFLOP/s for mixtral-8x7b at T >= 4096, >= 620 for qwen3-30b-a3b and deepseek-v3 at T >= 8192) and "met" or
+"MISSED"; the summary lists the points missed with their ratios and the geometric mean of moejit/floor per
+preset and overall.
+  Saved tables: --save-table [PATH] writes {"meta": {commit, date, device, command, ceilings}, "points":
+  {preset: {"T": moejit ms}}} after every preset (default PATH bench/saved/h200_targets.json, the H200's
+  recorded run). --targets compares with bench/saved/h200_targets.json unless --compare PATH names another
+  table or --compare none: each row gets the saved ms and new/prev, "SLOWER" beyond --noise-margin (3%),
+  and the summary lists those points and how the two runs' ceilings compare. A missing table is reported
+  and the run goes on. On the device machine write the table under $OUT (bench/device_run.sh:
+  BENCH_ARGS="--targets --save-table $OUT/h200_targets.json") and commit it as bench/saved/h200_targets.json
+  when it is the run to beat.
+  --self-test --targets runs the tiny presets twice (on CPU without a GPU): the first pass saves a table,
+  the second compares with it.
 """
 
 # The code is the moebench package beside this file (bench/moebench/: presets, baselines, timing, one

@@ -64,8 +64,8 @@ def build_parser(doc):
     ap.add_argument("--targets", action="store_true",
                     help=f"issue 21's points ({len(TARGET_PRESETS)} presets x {len(TARGET_TOKENS)} token counts unless "
                          "--presets/--tokens say otherwise): the moejit layer alone per point, each judged against its "
-                         "targets, a summary, and the saved run's times beside this run's (see --compare); ~4-6 min on "
-                         "an H200")
+                         "targets, a summary, and the saved run's times beside this run's (see --compare); ~1.5-2 min on "
+                         "an H200 (--dry-run --targets estimates it)")
     ap.add_argument("--grouped-mm", action="store_true",
                     help="with --targets: also time the torch._grouped_mm layer at every point (off by default there)")
     ap.add_argument("--save-table", nargs="?", const=DEFAULT_TABLE, default=None, metavar="PATH",
