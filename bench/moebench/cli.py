@@ -49,8 +49,8 @@ def build_parser(doc):
                doc[doc.index("What each timing includes"):],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", nargs="+", default=None, metavar="PRESET",
-                    help=f"presets to run (default: {' '.join(DEFAULT_PRESETS)}; with --targets {' '.join(TARGET_PRESETS)}; "
-                         f"known: {', '.join(PRESETS)})")
+                    help=f"presets to run (default: {' '.join(DEFAULT_PRESETS)}; with --targets "
+                         f"{' '.join(TARGET_PRESETS)}; known: {', '.join(PRESETS)})")
     ap.add_argument("--tokens", nargs="+", type=int, default=None, metavar="T",
                     help=f"token counts (default {FULL_TOKENS}; with --quick {QUICK_TOKENS}; with --targets "
                          f"{' '.join(map(str, TARGET_TOKENS))})")
@@ -64,14 +64,15 @@ def build_parser(doc):
     ap.add_argument("--targets", action="store_true",
                     help=f"issue 21's points ({len(TARGET_PRESETS)} presets x {len(TARGET_TOKENS)} token counts unless "
                          "--presets/--tokens say otherwise): the moejit layer alone per point, each judged against its "
-                         "targets, a summary, and the saved run's times beside this run's (see --compare); ~1.5-2 min on "
-                         "an H200 (--dry-run --targets estimates it)")
+                         "targets, a summary, and the saved run's times beside this run's (see --compare); ~1.5-2 "
+                         "min on an H200 (--dry-run --targets estimates it)")
     ap.add_argument("--grouped-mm", action="store_true",
                     help="with --targets: also time the torch._grouped_mm layer at every point (off by default there)")
     ap.add_argument("--save-table", nargs="?", const=DEFAULT_TABLE, default=None, metavar="PATH",
-                    help="with --targets: write this run's moejit ms per point as JSON {meta, points: {preset: {T: ms}}} "
-                         f"to PATH (default {DEFAULT_TABLE_SHOWN}), after every preset; the file then holds this run's "
-                         "points only")
+                    help="with --targets: write this run's moejit ms per point as JSON "
+                         "{meta, points: {preset: {T: ms}}} "
+                         f"to PATH (default {DEFAULT_TABLE_SHOWN}), after every preset; the file then holds this "
+                         "run's points only")
     ap.add_argument("--compare", default=None, metavar="PATH",
                     help="with --targets: the saved table to compare with (default "
                          f"{DEFAULT_TABLE_SHOWN}; 'none': no comparison); each row gets its prev ms and new/prev, "
@@ -118,7 +119,7 @@ def build_parser(doc):
 def resolve_args(args):
     presets = TINY_PRESETS if args.self_test else PRESETS
     if args.presets is None:
-        args.presets = list(TINY_PRESETS) if args.self_test else list(TARGET_PRESETS if args.targets else DEFAULT_PRESETS)
+        args.presets = list(TINY_PRESETS if args.self_test else TARGET_PRESETS if args.targets else DEFAULT_PRESETS)
     unknown = [p for p in args.presets if p not in presets]
     if unknown:
         raise SystemExit(f"unknown preset(s) {unknown}; known: {', '.join(presets)}")
@@ -214,8 +215,8 @@ def main(argv=None, *, doc):
     report.emit(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, moejit {getattr(moejit, '__version__', '?')} "
                 f"from {moejit.library_path()}; HF eager: {hf_desc}")
     report.emit(f"- Command: {command}")
-    timing = (f"CUDA graphs of <= {args.calls} calls (each on its own input buffer; the buffers <= {args.input_gib:g} GiB "
-              f"a point), <= {args.replays} replays, "
+    timing = (f"CUDA graphs of <= {args.calls} calls (each on its own input buffer; the buffers <= "
+              f"{args.input_gib:g} GiB a point), <= {args.replays} replays, "
               "fresh random inputs copied in and a 256 MiB L2 scrub before each replay (not timed); median per call"
               if dev.cuda else f"CPU self-test: eager calls timed with perf_counter, <= {args.replays} each; median")
     report.emit(f"- Timing: {timing}. Weights bf16 random; router logits bf16 iid normal; zero correction bias.")

@@ -127,10 +127,10 @@ def targets_plan(args, presets):
     print(f"ceilings measured first: read = the best of torch.sum (bf16, fp32 view) and a Triton vectorized read "
           f"over {args.bw_gib:g} GiB bf16; matmul = 8192^3 bf16")
     print(f"targets: {describe_targets()}")
-    print(f"floors and bounds below: NOMINAL H200 ({bw / 1e12:g} TB/s, {mm / 1e12:g} TFLOP/s) and the expected distinct "
-          "experts of uniform routing; the run uses the measured ceilings (sessions 11-18: 4.1-4.3 TB/s, 750-770 "
-          "TFLOP/s), which moves the bandwidth/compute crossover to a lower T. 'target ms': the slowest time that "
-          "meets every target at the nominal ceilings")
+    print(f"floors and bounds below: NOMINAL H200 ({bw / 1e12:g} TB/s, {mm / 1e12:g} TFLOP/s) and the expected "
+          "distinct experts of uniform routing; the run uses the measured ceilings (sessions 11-18: 4.1-4.3 TB/s, "
+          "750-770 TFLOP/s), which moves the bandwidth/compute crossover to a lower T. 'target ms': the slowest "
+          "time that meets every target at the nominal ceilings")
     if args.compare:
         state = "exists" if os.path.exists(args.compare) else "does not exist yet: the run will say so and go on"
         print(f"compare with: {args.compare} ({state}); noise margin {args.noise_margin:g}%")

@@ -83,11 +83,11 @@ def judge(preset, tokens, ms, touched_bytes, flops, read_bw, matmul_rate):
     missed = []
     for t in targets:
         if t.kind == "ratio" and ratio > t.limit:
-            missed.append(f"{ratio:.2f}x floor > {t.limit:g}x")
+            missed.append(f"limit {t.limit:g}x")
         elif t.kind == "ms" and ms > t.limit:
             missed.append(f"{ms * 1e3:.1f} us > {t.limit * 1e3:g} us")
         elif t.kind == "rate" and rate < t.limit:
-            missed.append(f"{rate / 1e12:.0f} TF/s < {t.limit / 1e12:g}")
+            missed.append(f"{rate / 1e12:.0f} TF/s < {t.limit / 1e12:g} TF/s")
     return Verdict(floor_ms, bound, ratio, rate, targets, missed)
 
 
@@ -96,21 +96,26 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def n_points(n):
+    return f"{n} point" + ("" if n == 1 else "s")
+
+
 def summary_lines(verdicts, unmeasured=()):
     """The run's verdict in a few lines. verdicts: [(preset, T, Verdict)] in run order; unmeasured:
     ["preset T=..", ...] points that have no time (an error, a skipped preset)."""
     met = sum(v.met for _, _, v in verdicts)
     lines = [f"Targets: {met} of {len(verdicts)} measured points met"
              + (f"; {len(unmeasured)} not measured: {', '.join(unmeasured)}" if unmeasured else "")]
-    missed = [f"{name} T={t} ({'; '.join(v.missed)})" for name, t, v in verdicts if not v.met]
+    missed = [f"{name} T={t}: {v.ratio:.2f}x floor ({'; '.join(v.missed)})" for name, t, v in verdicts if not v.met]
     lines.append(f"Missed ({len(missed)}): " + (", ".join(missed) if missed else "none"))
     by_preset = collections.OrderedDict()
     for name, _, v in verdicts:
         by_preset.setdefault(name, []).append(v.ratio)
     if by_preset:
-        cells = [f"{name} {geomean(r):.3f} ({len(r)} points)" for name, r in by_preset.items()]
+        cells = [f"{name} {geomean(r):.3f} ({n_points(len(r))})" for name, r in by_preset.items()]
         overall = geomean(v.ratio for _, _, v in verdicts)
-        lines.append(f"Geometric mean of moejit/floor: {', '.join(cells)}; overall {overall:.3f} ({len(verdicts)} points)")
+        lines.append(f"Geometric mean of moejit/floor: {', '.join(cells)}; overall {overall:.3f} "
+                     f"({n_points(len(verdicts))})")
     return lines
 
 
@@ -190,7 +195,7 @@ def comparison_lines(comparisons, margin_pct, table_line, meta_now=None, meta_sa
         lines.append("No point of this run is in the saved table.")
     missing = sum(c.prev_ms is None for _, _, c in comparisons)
     if missing and compared:
-        lines.append(f"{missing} points of this run are not in the saved table.")
+        lines.append(f"{n_points(missing)} of this run {'is' if missing == 1 else 'are'} not in the saved table.")
     return lines
 
 
