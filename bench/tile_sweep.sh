@@ -6,6 +6,10 @@
 # (the optional last field: more environment for that process, e.g. MOEJIT_PDL=0), and lines
 # starting with # are comments.
 # Results: $OUT/sweep-<label>.md and a one-table summary on stdout.
+#   SWEEP_ARGS     moe_bench.py's mode (default "--quick --no-hf"; "--targets --compare none" times the moejit
+#                  layer alone, several times faster)
+#   SWEEP_COLUMNS  the report's columns the summary shows (default 2,3,5,8,10,11: T, moejit ms, grouped_mm ms,
+#                  TFLOP/s, moejit/floor, moejit/grouped_mm in the --quick table; "2,3,9" for --targets: T, ms, x floor)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}"
@@ -27,7 +31,7 @@ echo "$list" | grep -v '^[[:space:]]*#' | while IFS='|' read -r label presets to
   echo "== $label: MOEJIT_TILES='$(echo "$tiles" | xargs)' $(echo "$environment" | xargs)"
   # shellcheck disable=SC2086
   env $environment MOEJIT_TILES="$(echo "$tiles" | xargs)" PYTHONPATH=python timeout "${SWEEP_TIMEOUT:-120}" python3 bench/moe_bench.py \
-    --quick --no-hf --presets $presets --tokens $tokens --out "$out/sweep-$label.md" >/dev/null 2>&1 \
+    ${SWEEP_ARGS:---quick --no-hf} --presets $presets --tokens $tokens --out "$out/sweep-$label.md" >/dev/null 2>&1 \
     || echo "   (failed or timed out: status $?)"
-  grep -E "^## |^\| [0-9]+ \|" "$out/sweep-$label.md" 2>/dev/null | cut -d'|' -f2,3,5,8,10,11 | sed 's/^/   /'
+  grep -E "^## |^\| [0-9]+ \|" "$out/sweep-$label.md" 2>/dev/null | cut -d'|' -f"${SWEEP_COLUMNS:-2,3,5,8,10,11}" | sed 's/^/   /'
 done
