@@ -1,5 +1,6 @@
 #include "compiler/heuristics/heuristics.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "compiler/families/grouped_gemm.h"
@@ -30,7 +31,11 @@ std::vector<TokenBucket> plan_buckets(const LayerSpec& c, const std::string& arc
       tensor_core_eligible(c) && (!eight_bit || wgmma_arch(arch) || !is_fp8(c.quant) || fp8_mma_arch(arch));
   const bool wgmma = tensor_core && wgmma_arch(arch);
   if (wgmma && !eight_bit) {
-    std::vector<BucketRange> prefill = sm90_prefill_ranges(c);
+    const int64_t mid_end = sm90_mid_end(c, row_tile_height(c, kMidTokens));
+    ranges[1].max = mid_end;
+    ranges[1].tuned = std::min(ranges[1].tuned, mid_end);
+    ranges[2].min = mid_end + 1;
+    std::vector<BucketRange> prefill = sm90_prefill_ranges(c, mid_end + 1);
     if (!prefill.empty()) {
       ranges.pop_back();
       ranges.insert(ranges.end(), prefill.begin(), prefill.end());

@@ -38,9 +38,12 @@ struct BucketRange {
 // padding rows and prefill reuses each weight tile across many rows.
 int row_tile_height(const LayerSpec& spec, int64_t representative_tokens);
 
-// sm90.cpp. The ranges that replace the prefill range [513, INT64_MAX] on sm_90a ("short", "wide",
+// sm90.cpp. The last T of the mid bucket on sm_90a (16-bit weights) whose tile is mid_rows high:
+// the T before the mean rows an expert reach mid_rows, within [33, 512].
+int64_t sm90_mid_end(const LayerSpec& spec, int mid_rows);
+// The ranges that replace the prefill range [from, INT64_MAX] on sm_90a ("short", "wide",
 // "prefill"), or empty when the spec has no band of 192-row tiles.
-std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& spec);
+std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& spec, int64_t from);
 // The token counts [first, last] at or above `from` that get 192-row tiles, or {0, -1}.
 std::pair<int64_t, int64_t> wide_row_band(const LayerSpec& spec, int64_t from);
 // The wgmma tiles of a bucket with row tile bm (64 or 128), or 192 rows when `wide`.

@@ -37,16 +37,32 @@ std::pair<int64_t, int64_t> wide_row_band(const LayerSpec& c, int64_t from) {
   return {first, last};
 }
 
-// The prefill range splits around the band of T that takes 192-row tiles: "short" below it,
-// "wide" in it, "prefill" above it. "short" and "prefill" keep the prefill range's 128-row tiles
+// The mid bucket's tile (mid_rows high: 16-row mma.sync, or 64-row wgmma for few experts) against
+// the prefill range's 128-row wgmma tiles, measured on the H200 (bench/RESULTS.md, session 20, two
+// rounds, bench/sweeps/mid_rows.txt; r = T*K/E_loc rows an expert): the 128-row tiles lose 7-9%
+// while r is below about three quarters of the mid tile (Qwen3-30B-A3B T <= 192, DeepSeek-V3 T <= 320,
+// Kimi-K2 and Qwen3-Next-80B-A3B through T=512), break even where r reaches it (Qwen3 T=256, r = 16:
+// 0.331 / 0.332 ms; Mixtral T=192, r = 48: 0.698 / 0.700; DeepSeek-V3 T=384, r = 12: 5.22 / 5.20), and
+// win past it: Qwen3 T = 320 / 512 -9% / -22%, DeepSeek-V3 T = 448 / 512 -5% / -11%, Mixtral T =
+// 256..448 -16..-21%, where each expert's second mid tile streams its weight slice again. So the
+// mid bucket ends before the T whose mean rows reach the mid tile's height (still at 512 at most),
+// and the prefill range (its "short", "wide" and "prefill" buckets) starts there.
+int64_t sm90_mid_end(const LayerSpec& c, int mid_rows) {
+  // The first T with T*K/E_loc >= mid_rows, computed in integers: ceil(mid_rows * E_loc / K).
+  const int64_t fills = (static_cast<int64_t>(mid_rows) * c.local_experts() + c.topk - 1) / c.topk;
+  return std::clamp<int64_t>(fills - 1, 33, 512);
+}
+
+// The prefill range [from, ...) splits around the band of T that takes 192-row tiles: "short" below
+// it, "wide" in it, "prefill" above it. "short" and "prefill" keep the prefill range's 128-row tiles
 // (chosen at T=4096); each bucket is autotuned at a T inside it.
-std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& c) {
+std::vector<BucketRange> sm90_prefill_ranges(const LayerSpec& c, int64_t from) {
   constexpr int64_t kLast = std::numeric_limits<int64_t>::max();
-  const auto [first, last] = wide_row_band(c, 513);
+  const auto [first, last] = wide_row_band(c, from);
   if (row_tile_height(c, kPrefillTokens) != 128 || first > last) return {};
   std::vector<BucketRange> ranges;
-  if (first > 513)
-    ranges.push_back({BucketKind::Short, 513, first - 1, std::clamp<int64_t>(kPrefillTokens / 4, 513, first - 1),
+  if (first > from)
+    ranges.push_back({BucketKind::Short, from, first - 1, std::clamp<int64_t>(kPrefillTokens / 4, from, first - 1),
                       kPrefillTokens});
   const int64_t rows_128 = 128 * static_cast<int64_t>(c.local_experts()) / c.topk;  // the T of 128 rows per expert
   const int64_t wide_tuned = std::clamp(rows_128, first, last);

@@ -69,7 +69,8 @@ TEST(LayerCall, RouterGemmLeadsForward) {
                         Want{9, 2, 128, "moejit_router_gemm_e256_h7168_bf16_bf16"},
                         Want{32, 4, 128, "moejit_router_gemm_e256_h7168_bf16_bf16"},
                         Want{33, 2, 8, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x32"},
-                        Want{512, 16, 8, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x32"},
+                        Want{511, 16, 8, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x32"},
+                        Want{512, 16, 2, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x128"},  // "short"
                         Want{513, 17, 2, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x128"},
                         Want{4099, 129, 2, "moejit_router_gemm_mma_e256_h7168_bf16_bf16_32x128"}}) {
     const CallStep step = plan_call(plan, Entry::Forward, w.tokens).steps[0];

@@ -51,9 +51,8 @@ void sanitize_config(const MoeConfig& c, std::initializer_list<int64_t> token_co
 }
 
 // ---------------------------------------------------------------------------------------------
-// Every tile autotune may pick (tile_candidates) computes the layer correctly, in each bucket's
-// row tile (16 and 64 and 128 for the first config, and 192 on sm_90a; 32 for the second).
-// bf16 softmax, gated SiLU; H and I multiples of 8 (tensor cores), not of 64 (K tails).
+// A small config on tensor cores: bf16 softmax, gated SiLU; H and I multiples of 8 (tensor cores),
+// not of 64 (K tails).
 MoeConfig tensor_core_config() {
   MoeConfig c;
   c.experts = 16;
@@ -64,6 +63,32 @@ MoeConfig tensor_core_config() {
   return c;
 }
 
+// Both sides of every bucket edge of the layer's own plan: on sm_90a the mid bucket ends where an
+// expert's mean rows fill its tile, so the edges move with the config. A 64-row wgmma mid tile (16
+// experts, top-4: mid ends at T=255, "short" 256..489, "wide" 490..664) and a 16-row mma.sync one
+// (128 experts, top-8: mid ends at 255, then 128-row wgmma tiles).
+TEST(Buckets, BothSidesOfEveryEdgeAgainstTheReference) {
+  MoeConfig many = tensor_core_config();
+  many.experts = 128;
+  many.topk = 8;
+  for (const MoeConfig& c : {tensor_core_config(), many}) {
+    SCOPED_TRACE(fmt::format("E {} K {}", c.experts, c.topk));
+    Seeds seeds;
+    auto layer = Layer::create(c);
+    ASSERT_NE(layer->plan(), nullptr);
+    const auto& buckets = layer->plan()->buckets;
+    ASSERT_GE(buckets.size(), 3u);
+    for (size_t i = 0; i + 1 < buckets.size(); ++i)
+      for (int64_t T : {buckets[i].max_tokens, buckets[i + 1].min_tokens}) {
+        Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce());
+        EXPECT_TRUE(run_and_check(*layer, p)) << buckets[i].name() << " / " << buckets[i + 1].name() << ", T = " << T;
+      }
+  }
+}
+
+// Every tile autotune may pick (tile_candidates) computes the layer correctly, in each bucket's
+// row tile (16 and 64 and 128 for the first config, and 192 on sm_90a; 32 for the second).
+// bf16 softmax, gated SiLU; H and I multiples of 8 (tensor cores), not of 64 (K tails).
 TEST(TileCandidates, EveryCandidateMatchesTheReference) {
   const MoeConfig a = tensor_core_config();
   MoeConfig b = a;  // fp16, non-gated GELU, more experts: the mid bucket tiles 32 rows
