@@ -13,14 +13,20 @@ namespace moejit::heuristics {
 // number of 8-column fragments.
 // Measured on the H200 (bench/RESULTS.md, tile sweep): at T=4096 the 128 x 256-row tile beat
 // 128 x 128 rows by 11-12%; in decode the 32-row, 8-stage tile matched or beat 64 rows by up to 5%.
+// Except a decode GEMM 2 whose whole K fits in the 8 stages (16-bit, I <= 512): each 32-row block
+// would be all pipeline fill (32 KiB at I = 512), so it takes the mid bucket's 64 rows (and kernel).
+// Measured on the H200 (bench/RESULTS.md, session 20, two rounds): Qwen3-Next-80B-A3B (I = 512) T = 1..32
+// -7% / -4% / -3.4% / -3% / -2.2% / -2.3%; Qwen3-30B-A3B (I = 768) +3.5% at T=1, so 768 keeps 32 rows.
 TileShape tensor_core_tile(const LayerSpec& c, int bm, bool gemm1, bool decode_bucket) {
   TileShape t;
   t.kernel = GemmKernel::TensorCore;
   t.bm = bm;
   t.bk = 128 / operand_bytes(c);  // one 128-byte row: 64 16-bit or 128 8-bit elements
+  constexpr int kDecodeStages = 8;
+  const bool k_within_stages = !gemm1 && operand_bytes(c) == 2 && c.local_intermediate() <= kDecodeStages * t.bk;
   int weight_rows = 0;
-  if (bm == 16 && decode_bucket) {
-    t.warps_m = 1, t.warps_n = 2, t.stages = 8, weight_rows = 32;
+  if (bm == 16 && decode_bucket && !k_within_stages) {
+    t.warps_m = 1, t.warps_n = 2, t.stages = kDecodeStages, weight_rows = 32;
   } else if (bm == 16) {
     t.warps_m = 1, t.warps_n = 4, t.stages = 6, weight_rows = 64;
   } else if (bm == 32) {

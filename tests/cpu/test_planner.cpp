@@ -390,6 +390,24 @@ TEST(Planner, MidBucketEndsWhereTheMeanRowsFillItsTile) {
   EXPECT_EQ(make_plan(fp8, "sm_90a").bucket_for(33).max_tokens, 512);
 }
 
+// The decode bucket's GEMM 2 takes the mid bucket's 64-row mma.sync tile (and so its kernel) where its
+// whole K fits in the 8-stage decode pipeline (16-bit, I_loc <= 512: bench/RESULTS.md, session 20);
+// GEMM 1 and longer Ks keep the narrow 32-row, 8-stage tile.
+TEST(Planner, DecodeGemm2WidensWhereItsKFitsThePipeline) {
+  for (const std::string arch : {"sm_90a", "sm_80"}) {
+    const Plan next = make_plan(preset("qwen3-next-80b-a3b"), arch);  // I = 512
+    EXPECT_EQ(describe(next.bucket_for(1).gemm2), "16x64x64 (tensor-core, 6 stages, 1x4 warps)") << arch;
+    EXPECT_EQ(next.kernel_of(next.bucket_for(1), false).entry, next.kernel_of(next.bucket_for(33), false).entry);
+    EXPECT_EQ(describe(next.bucket_for(1).gemm1), "16x16x64 (tensor-core, 8 stages, 1x2 warps)") << arch;
+    const Plan qwen3 = make_plan(preset("qwen3-30b-a3b"), arch);  // I = 768
+    EXPECT_EQ(describe(qwen3.bucket_for(1).gemm2), "16x32x64 (tensor-core, 8 stages, 1x2 warps)") << arch;
+    MoeConfig split = preset("qwen3-30b-a3b");
+    split.tp_size = 2;  // I_loc = 384
+    EXPECT_EQ(describe(make_plan(split, arch).bucket_for(1).gemm2), "16x64x64 (tensor-core, 6 stages, 1x4 warps)")
+        << arch;
+  }
+}
+
 // On sm_90a the T past the mid bucket where about 30% of the experts pass 128 rows (r + 0.5 sqrt r
 // > 128, r = T*K/E_loc) and nearly all stay within 192 (r + 2 sqrt r <= 192) form the "wide" bucket, with
 // 192-row tiles; the rest of the prefill range keeps the 128-row ones.
