@@ -61,9 +61,16 @@ class DeviceBuffer {
   size_t size() const { return bytes_; }
   explicit operator bool() const { return ptr_ != nullptr; }
 
+  // Complete on return. A cudaMemcpy from pageable host memory may return once the bytes are staged,
+  // before they reach the device, and the tests' streams are non-blocking, so nothing would order a
+  // layer call after the copy: under heavy copy traffic from other processes a GEMM once read w2 before
+  // it landed (bench/RESULTS.md, session 20, Draw/RandomConfig.Layer/5). Waiting for the default
+  // stream, which the copy went to, makes the bytes visible to every stream.
   void upload(const void* src, size_t n, size_t offset = 0) {
     check_range(n, offset);
-    if (n) CUDA_CHECK(cudaMemcpy(bytes_ptr() + offset, src, n, cudaMemcpyHostToDevice));
+    if (!n) return;
+    CUDA_CHECK(cudaMemcpy(bytes_ptr() + offset, src, n, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaStreamSynchronize(0));
   }
   void download(void* dst, size_t n, size_t offset = 0) const {
     check_range(n, offset);

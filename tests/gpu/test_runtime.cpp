@@ -77,7 +77,9 @@ TEST(Tokens, ZeroAcceptsNullPerTokenPointers) {
     EXPECT_NO_THROW(layer->route(nullptr, 0, nullptr, empty.e_score_correction_bias, nullptr, nullptr));
     EXPECT_NO_THROW(layer->experts(nullptr, 0, nullptr, nullptr, empty, nullptr, nullptr, 0));
     empty.w13_scale = nullptr;
-    if (q != Quant::None) EXPECT_THROW(layer->forward(nullptr, 0, empty, nullptr, nullptr, 0), InvalidInput);
+    if (q != Quant::None) {
+      EXPECT_THROW(layer->forward(nullptr, 0, empty, nullptr, nullptr, 0), InvalidInput);
+    }
     CUDA_CHECK(cudaGetLastError());
   }
 }
