@@ -337,18 +337,6 @@ def run_presets(args, presets, dev, report, moejit, hf_fn, ceilings, l2):
         if dev.cuda and not args.self_test and not args.no_chain_probe:
             chain_probe(name, p, dev, args, report, moejit, measured)
         report.emit("")
-        for bname, btokens in args.breakdown_points:
-            if bname != name:
-                continue
-            try:
-                bench.breakdown(btokens, measured.get(btokens))
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc(file=sys.stderr)
-                report.emit(f"breakdown {name} T={btokens} failed: {short_error(e)}")
-                report.emit("")
-        bench.free()
+        bench.finish(measured.get)
         del bench
-        if dev.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
     return failures

@@ -53,6 +53,24 @@ class PresetBench:
     def free(self):
         del self.w13, self.w2, self.hf_self
 
+    def finish(self, measured_at):
+        """The --breakdown points of this preset (measured_at(T): what breakdown() takes as the point's
+        timed result; a failure is reported, not raised), then the preset's weights and cached GPU memory
+        back, before the next preset allocates its own."""
+        for bname, btokens in self.args.breakdown_points:
+            if bname != self.name:
+                continue
+            try:
+                self.breakdown(btokens, measured_at(btokens))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc(file=sys.stderr)
+                self.r.emit(f"breakdown {self.name} T={btokens} failed: {short_error(e)}")
+                self.r.emit("")
+        self.free()
+        if self.d.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
     # -- inputs: `slots` buffers (fewer where they would exceed --input-gib), each [T, ...]; call(i)
     # reads buffer i; buf.slots says how many there are
     def make_inputs(self, tokens, slots):

@@ -195,17 +195,7 @@ class TargetsRun:
         for note in bench.notes:
             r.emit(f"- {note}")
         self.failures.extend(f"{name} {f}" for f in bench.failed)
-        for bname, btokens in args.breakdown_points:
-            if bname == name:
-                try:
-                    bench.breakdown(btokens, {"moejit": times.get(btokens)})
-                except Exception as e:  # noqa: BLE001
-                    traceback.print_exc(file=sys.stderr)
-                    r.emit(f"breakdown {name} T={btokens} failed: {short_error(e)}")
         r.emit("")
-        bench.free()
+        bench.finish(lambda t: {"moejit": times.get(t)})
         del bench
-        if dev.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
         return times
