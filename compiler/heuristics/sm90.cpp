@@ -39,14 +39,15 @@ std::pair<int64_t, int64_t> wide_row_band(const LayerSpec& c, int64_t from) {
 
 // The mid bucket's tile (mid_rows high: 16-row mma.sync, or 64-row wgmma for few experts) against
 // the prefill range's 128-row wgmma tiles, measured on the H200 (bench/RESULTS.md, session 20, two
-// rounds, bench/sweeps/mid_rows.txt; r = T*K/E_loc rows an expert): the 128-row tiles lose 7-9%
-// while r is below about three quarters of the mid tile (Qwen3-30B-A3B T <= 192, DeepSeek-V3 T <= 320,
-// Kimi-K2 and Qwen3-Next-80B-A3B through T=512), break even where r reaches it (Qwen3 T=256, r = 16:
-// 0.331 / 0.332 ms; Mixtral T=192, r = 48: 0.698 / 0.700; DeepSeek-V3 T=384, r = 12: 5.22 / 5.20), and
-// win past it: Qwen3 T = 320 / 512 -9% / -22%, DeepSeek-V3 T = 448 / 512 -5% / -11%, Mixtral T =
-// 256..448 -16..-21%, where each expert's second mid tile streams its weight slice again. So the
-// mid bucket ends before the T whose mean rows reach the mid tile's height (still at 512 at most),
-// and the prefill range (its "short", "wide" and "prefill" buckets) starts there.
+// rounds, bench/sweeps/mid_rows.txt; r = T*K/E_loc rows an expert): the 128-row tiles lose 1-9%
+// while r is below about three quarters of the mid tile (Qwen3-30B-A3B T <= 192 8-9%, DeepSeek-V3
+// T <= 320 1.5-3%, Kimi-K2 and Qwen3-Next-80B-A3B through T=512 1-6%), break even where r reaches
+// it (Qwen3 T=256, r = 16: 0.331 / 0.332 ms; Mixtral T=192, r = 48: 0.698 / 0.700; DeepSeek-V3 T=384,
+// r = 12: 5.22 / 5.20), and win past it: Qwen3 T = 320 / 512 -9% / -22%, DeepSeek-V3 T = 448 / 512
+// -5% / -11%, Mixtral T = 256..448 -16..-21%, where each expert's second mid tile streams its weight
+// slice again. So the mid bucket ends before the T whose mean rows reach the mid tile's height
+// (still at 512 at most), and the prefill range (its "short", "wide" and "prefill" buckets) starts
+// there.
 int64_t sm90_mid_end(const LayerSpec& c, int mid_rows) {
   // The first T with T*K/E_loc >= mid_rows, computed in integers: ceil(mid_rows * E_loc / K).
   const int64_t fills = (static_cast<int64_t>(mid_rows) * c.local_experts() + c.topk - 1) / c.topk;
