@@ -62,9 +62,9 @@ def dry_run(args, presets):
             hit = expected_hit(p, t)
             touched = hit * expert_bytes(p)
             flops = layer_flops(p, t)
-            fb, fc = touched / bw, flops / mm
+            floor_ms, bound = floor_and_bound(touched, flops, bw, mm)
             print(f"    | {t} | {t * p['topk']} | {hit:.1f} | {touched / 1e9:.3f} | {flops / 1e9:.1f} | "
-                  f"{max(fb, fc) * 1e3:.4f} | {'memory' if fb >= fc else 'compute'} | "
+                  f"{floor_ms:.4f} | {bound} | "
                   f"{hf_skip_reason(p, t, args) or 'run (eager)'} |")
         if args.quants:
             quant_plan(args, p, bw)
@@ -90,8 +90,8 @@ def quant_plan(args, p, bw):
         cells = []
         for q in args.quants:
             touched = hit * quant_expert_bytes(p, q)
-            fb, fc = touched / bw, flops / NOMINAL_H200_QUANT[QUANT_MATMUL[q]]
-            cells.append(f"{touched / 1e9:.3f} | {max(fb, fc) * 1e3:.4f} | {'memory' if fb >= fc else 'compute'}")
+            floor_ms, bound = floor_and_bound(touched, flops, bw, NOMINAL_H200_QUANT[QUANT_MATMUL[q]])
+            cells.append(f"{touched / 1e9:.3f} | {floor_ms:.4f} | {bound}")
         print(f"    | {t} | " + " | ".join(cells) + " |")
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from .baselines import grouped_mm_experts, rel_err, torch_route
 from .presets import expert_bytes, hf_skip_reason, input_slots, layer_flops
 from .report import fmt_err, fmt_ms, fmt_num, short_error
+from .targets import floor_and_bound
 from .timing import Timing
 
 
@@ -166,7 +167,7 @@ class PresetBench:
 
         touched = hit * expert_bytes(p)
         flops = layer_flops(p, tokens)
-        floor_ms = max(touched / ceil_bw, flops / ceil_mm) * 1e3
+        floor_ms, _ = floor_and_bound(touched, flops, ceil_bw, ceil_mm)
         m, ex, gm = ms_of("moejit"), ms_of("experts"), ms_of("grouped_mm")
         row = [
             tokens, cell("moejit"), cell("experts"), cell("grouped_mm"), cell("hf", graph_expected=False),
