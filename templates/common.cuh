@@ -71,11 +71,17 @@ __device__ __forceinline__ float sanitize(float x) {
   return fminf(fmaxf(x, -kFloatMax), kFloatMax);
 }
 
+// num / (1 + e^-z), the logistic factor of SiLU and SwiGLU. The quotient is __fdividef (div.approx,
+// 2 ulp; 0 once the denominator passes 2^126, i.e. z < -87.3, where the exact value is below 1e-36):
+// IEEE division's slow path made each of a gated GEMM 1's 32-64 epilogue values a branch and a
+// subroutine, about a quarter of a wgmma GEMM 1's NVRTC time (bench/RESULTS.md, session 21).
+__device__ __forceinline__ float over_one_plus_exp_neg(float num, float z) { return __fdividef(num, 1.0f + expf(-z)); }
+
 template <int ACT>
 __device__ __forceinline__ float activate(float x) {
   static_assert(ACT != kSwigluOai, "swigluoai is gated: gated_activation");
   if constexpr (ACT == kSilu) {
-    return x / (1.0f + expf(-x));
+    return over_one_plus_exp_neg(x, x);
   } else if constexpr (ACT == kGelu) {
     return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
   } else {
@@ -92,7 +98,7 @@ __device__ __forceinline__ float gated_activation(float gate, float up, float li
   if constexpr (ACT == kSwigluOai) {
     const float g = gate > limit ? limit : gate;
     const float u = up > limit ? limit : (up < -limit ? -limit : up);
-    return (u + 1.0f) * g / (1.0f + expf(-1.702f * g));
+    return over_one_plus_exp_neg((u + 1.0f) * g, 1.702f * g);
   } else {
     return activate<ACT>(gate) * up;
   }
