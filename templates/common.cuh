@@ -72,7 +72,7 @@ __device__ __forceinline__ float sanitize(float x) {
 }
 
 // num / (1 + e^-z), the logistic factor of SiLU and SwiGLU. The quotient is __fdividef (div.approx,
-// 2 ulp; 0 once the denominator passes 2^126, i.e. z < -87.3, where the exact value is below 1e-36):
+// 2 ulp; 0 once the denominator passes 2^126, i.e. z < -87.3, where the exact value is below 1e-35):
 // IEEE division's slow path made each of a gated GEMM 1's 32-64 epilogue values a branch and a
 // subroutine, about a quarter of a wgmma GEMM 1's NVRTC time (bench/RESULTS.md, session 21).
 __device__ __forceinline__ float over_one_plus_exp_neg(float num, float z) { return __fdividef(num, 1.0f + expf(-z)); }
