@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cache/kernel_cache.h"
+#include "common/error.h"
 #include "common/knobs.h"
 #include "compiler/layer_compiler.h"
 
@@ -33,23 +35,14 @@ std::string fresh_root() {
   std::string pattern = (fs::temp_directory_path() / "moejit-bench-XXXXXX").string();
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
-  if (!mkdtemp(buf.data())) std::abort();
+  if (!mkdtemp(buf.data())) throw Error(fmt::format("cannot create a temporary folder from {}", pattern));
   return buf.data();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int reps = 3;
-  std::vector<std::string> presets;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc)
-      reps = std::atoi(argv[++i]);
-    else
-      presets.push_back(a);
-  }
+// The table for `presets` (default: Qwen3-30B-A3B and DeepSeek-V3), `reps` cold compiles each.
+int run(int reps, std::vector<std::string> presets) {
   if (presets.empty()) presets = {"qwen3-30b-a3b", "deepseek-v3"};
+  for (const auto& name : presets) preset(name);  // an unknown name is refused before any work
   const std::string arch = "sm_90a";
 
   fmt::print("| preset | units | cold compile wall (median of {}) | slowest unit | NVRTC seconds summed | "
@@ -111,4 +104,22 @@ int main(int argc, char** argv) {
   fmt::print("\ncompile threads: {} (MOEJIT_COMPILE_THREADS), PCH: {} (MOEJIT_NVRTC_PCH)\n", knobs().compile_threads,
              knobs().nvrtc_pch ? "on" : "off");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moejit_compile_bench: cold compile, disk hit and memory hit of each preset's layer (sm_90a), "
+               "as a markdown table"};
+  int reps = 3;
+  std::vector<std::string> presets;
+  app.add_option("--reps", reps, "cold compiles per preset (the median is printed)")->check(CLI::Range(1, 1000));
+  app.add_option("presets", presets, "model presets (default: qwen3-30b-a3b deepseek-v3)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(reps, presets);
+  } catch (const std::exception& e) {  // InvalidInput names the field, the value and what is allowed
+    fmt::print(stderr, "moejit_compile_bench: {}\n", e.what());
+    return 2;
+  }
 }
