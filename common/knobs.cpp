@@ -162,6 +162,13 @@ constexpr KnobDescriptor kKnobs[] = {
      .code_affecting = false,
      .read = [](Knobs& k) { k.backend = env_choice("MOEJIT_BACKEND", "auto", {"auto", "jit", "ixformer"}); },
      .show = [](const Knobs& k) { return k.backend; }},
+    {.variable = "MOEJIT_NCCL_LIBRARY",
+     .default_text = "`libnccl.so.2` on the loader's path",
+     .meaning = "the NCCL library a layer built with an NCCL communicator loads (dlopen) for its all-reduce; "
+                "e.g. pip's `nvidia-nccl-cu13` has it under `site-packages/nvidia/nccl/lib/`",
+     .code_affecting = false,
+     .read = [](Knobs& k) { k.nccl_library = env("MOEJIT_NCCL_LIBRARY"); },
+     .show = [](const Knobs& k) { return k.nccl_library; }},
 };
 
 }  // namespace

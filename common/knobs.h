@@ -30,6 +30,7 @@ struct Knobs {
   std::string backend = "auto";     // MOEJIT_BACKEND: auto | jit | ixformer (runtime/backend_select.h)
   std::string tiles;                // MOEJIT_TILES (plan.h TileOverride)
   bool programmatic_launch = true;  // MOEJIT_PDL (runtime/layer.cpp)
+  std::string nccl_library;         // MOEJIT_NCCL_LIBRARY (runtime/nccl.h); empty: libnccl.so.2
 
   // Reads the environment, knob by knob in the descriptors' order. Throws InvalidInput naming
   // the variable when a value does not parse.

@@ -103,17 +103,24 @@ const moejit::Layer& checked_layer(const moejit_layer* layer, const moejit_input
 
 extern "C" {
 
-int moejit_layer_create(const char* config, const char* overrides_json, moejit_layer** out) {
+int moejit_layer_create_in_group(const char* config, const char* overrides_json, void* nccl_comm,
+                                 moejit_layer** out) {
   return guarded([&] {
     if (!out) throw moejit::InvalidInput("out: null pointer");
     *out = nullptr;
     if (!config) throw moejit::InvalidInput("config: null pointer");
     moejit::MoeConfig c = resolve_config(config, parse_overrides(overrides_json));
     auto handle = std::make_unique<moejit_layer>();
-    handle->layer = moejit::Layer::create(c);
+    moejit::LayerOptions options;
+    options.nccl_comm = nccl_comm;
+    handle->layer = moejit::Layer::create(c, options);
     handle->config_json = moejit::to_json(c).dump();
     *out = handle.release();
   });
+}
+
+int moejit_layer_create(const char* config, const char* overrides_json, moejit_layer** out) {
+  return moejit_layer_create_in_group(config, overrides_json, nullptr, out);
 }
 
 void moejit_layer_destroy(moejit_layer* layer) { delete layer; }

@@ -1,6 +1,7 @@
 // Layer::create: the one place a layer's backend is chosen (runtime/backend_select.h) and built.
 // The JIT: read the tuning store, compile (compiler/layer_compiler.h), load (jit_layer.h). Another
-// backend: the factory its library registered (runtime/backend_registry.h).
+// backend: the factory its library registered (runtime/backend_registry.h). With an NCCL
+// communicator, the layer that sums its output over it (runtime/reduced_layer.h).
 #include "runtime/layer.h"
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/jit_layer.h"
 #include "runtime/loaded_layer.h"
+#include "runtime/reduced_layer.h"
 
 namespace moejit {
 
@@ -23,7 +25,22 @@ size_t Layer::workspace_bytes(int64_t max_tokens) const {
   return static_cast<size_t>(workspace_offsets(config(), max_tokens).total_bytes);
 }
 
+namespace {
+
+// The device's backend layer: the JIT, or a registered one (ixformer).
+std::unique_ptr<Layer> create_backend_layer(const MoeConfig& config, const LayerOptions& options);
+
+}  // namespace
+
 std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions& options) {
+  std::unique_ptr<Layer> layer = create_backend_layer(config, options);
+  if (!options.nccl_comm) return layer;
+  return reduce_over_group(std::move(layer), options.nccl_comm);
+}
+
+namespace {
+
+std::unique_ptr<Layer> create_backend_layer(const MoeConfig& config, const LayerOptions& options) {
   validate(config);
   const CudaDriver& d = require_cuda_driver();
   CUcontext context = nullptr;
@@ -45,6 +62,8 @@ std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions
     ordinal = static_cast<int>(device);  // a CUdevice is its ordinal
   }
   try {
+    // The communicator first: a wrong one fails before anything is compiled.
+    if (options.nccl_comm) check_reduce_group(config, options.nccl_comm, ordinal);
     DeviceInfo info;
     info.ordinal = ordinal;
     char name[256] = {};
@@ -73,4 +92,5 @@ std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions
   }
 }
 
+}  // namespace
 }  // namespace moejit

@@ -27,6 +27,10 @@ struct LayerOptions {
   // GEMM tiles instead of the planner's (MOEJIT_TILES still wins). Empty: the tiles `moejit compile
   // --autotune` stored for this config and device, if any, else the planner's.
   std::vector<TileOverride> tiles;
+  // An ncclComm_t the caller owns, of the ep_size * tp_size ranks whose outputs make the layer's:
+  // forward() and experts() then end with their sum over it (expert parallel's all_reduce mode,
+  // runtime/reduced_layer.h), on the caller's stream. Null: the output is this rank's part alone.
+  void* nccl_comm = nullptr;
 };
 
 class Layer {

@@ -51,6 +51,15 @@ typedef struct moejit_inputs {
  * (moejit format or Hugging Face config.json), chosen by its first character ('{' means JSON).
  * overrides_json: NULL or a JSON object of field overrides, e.g. {"ep_size": 8, "ep_rank": 3}. */
 int moejit_layer_create(const char* config, const char* overrides_json, moejit_layer** out);
+/* As moejit_layer_create, for a rank of an expert- and tensor-parallel group: nccl_comm is an
+ * ncclComm_t the caller owns (it must outlive the layer), of the ep_size * tp_size ranks whose
+ * outputs make the layer's, on the layer's device. moejit_layer_forward and moejit_layer_experts
+ * then end with the sum of the output over it (ncclAllReduce on the call's stream; the residual is
+ * added on the communicator's rank 0 only). NCCL is loaded at run time (MOEJIT_NCCL_LIBRARY, else
+ * libnccl.so.2); a communicator of another size or device is refused (2). NULL nccl_comm: as
+ * moejit_layer_create. */
+int moejit_layer_create_in_group(const char* config, const char* overrides_json, void* nccl_comm,
+                                 moejit_layer** out);
 void moejit_layer_destroy(moejit_layer* layer);
 
 /* Workspace bytes for up to max_tokens tokens. */

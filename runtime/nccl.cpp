@@ -1,0 +1,83 @@
+#include "runtime/nccl.h"
+
+#include <dlfcn.h>
+
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/knobs.h"
+
+namespace moejit {
+namespace {
+
+template <typename F>
+void resolve(void* handle, const std::string& path, const char* name, F& member) {
+  member = reinterpret_cast<F>(dlsym(handle, name));
+  if (!member) {
+    dlclose(handle);
+    throw Error(fmt::format("{} has no symbol {}: is it NCCL?", path, name));
+  }
+}
+
+}  // namespace
+
+NcclLibrary load_nccl_library(const std::string& path, bool knob_set) {
+  NcclLibrary nccl;
+  nccl.path = path;
+  // RTLD_LOCAL: moejit calls NCCL through these pointers only.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char* e = dlerror();
+    throw Error(fmt::format(
+        "NCCL could not be loaded: dlopen({}) failed: {}. {}", path, e ? e : "no reason given",
+        knob_set ? "MOEJIT_NCCL_LIBRARY names it; point it at an NCCL 2 library (libnccl.so.2)"
+                 : "Set MOEJIT_NCCL_LIBRARY to libnccl.so.2's path (pip's nvidia-nccl-cu13 has it under "
+                   "site-packages/nvidia/nccl/lib/), or add its folder to LD_LIBRARY_PATH"));
+  }
+  resolve(handle, path, "ncclGetVersion", nccl.get_version);
+  resolve(handle, path, "ncclGetErrorString", nccl.get_error_string);
+  resolve(handle, path, "ncclCommCount", nccl.comm_count);
+  resolve(handle, path, "ncclCommUserRank", nccl.comm_user_rank);
+  resolve(handle, path, "ncclCommCuDevice", nccl.comm_cu_device);
+  resolve(handle, path, "ncclAllReduce", nccl.all_reduce);
+  resolve(handle, path, "ncclCommInitAll", nccl.comm_init_all);
+  resolve(handle, path, "ncclCommDestroy", nccl.comm_destroy);
+  if (nccl.get_version(&nccl.version) != nccl::kSuccess || nccl.version < 20000) {
+    const int version = nccl.version;
+    dlclose(handle);
+    throw Error(fmt::format("{} reports NCCL version {}; moejit needs NCCL 2 (libnccl.so.2)", path, version));
+  }
+  return nccl;  // the handle stays open: the pointers are into it
+}
+
+namespace {
+
+// The process's table, or why there is none.
+using Loaded = std::variant<NcclLibrary, std::string>;
+
+Loaded load_once() {
+  const std::string& knob = knobs().nccl_library;
+  try {
+    return load_nccl_library(knob.empty() ? "libnccl.so.2" : knob, !knob.empty());
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+}
+
+}  // namespace
+
+const NcclLibrary& nccl_library() {
+  static const Loaded loaded = load_once();
+  if (const auto* why = std::get_if<std::string>(&loaded)) throw Error(*why);
+  return std::get<NcclLibrary>(loaded);
+}
+
+void check_nccl(int result, const char* what) {
+  if (result == nccl::kSuccess) return;
+  const char* message = nccl_library().get_error_string(result);
+  throw Error(fmt::format("{}: NCCL error {} ({})", what, result, message ? message : "no message"));
+}
+
+}  // namespace moejit
