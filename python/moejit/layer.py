@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import expert_parallel
 from .config import MoeConfig
 
 __all__ = ["MoELayer"]
@@ -34,6 +35,13 @@ class MoELayer(nn.Module):
     with config.router_bias too (gpt-oss's router) it holds gate_bias [E] (dtype) and adds it to them.
     The op checks every tensor and raises ValueError naming the one with a wrong shape, dtype or
     strides, and ValueError for an invalid config. There is no backward.
+
+    Expert parallel (ep_size > 1, or tp_size > 1): without a process_group the layer returns its
+    rank's part, which the caller sums over the ranks. With one (torch.distributed; NCCL for CUDA
+    tensors, gloo for CPU ones) every rank gets the whole output, by ep_mode (expert_parallel.py):
+    "all_reduce" (every rank the same tokens; the group holds each (ep_rank, tp_rank) once; the
+    residual is added once) or "all_to_all" (every rank its own tokens, at most max_tokens_per_rank
+    a call; group rank == ep_rank, tp_size 1). Building the layer is then a collective of the group.
     """
 
     def __init__(self, config: MoeConfig, w13: Optional[torch.Tensor] = None, w2: Optional[torch.Tensor] = None, *,
@@ -41,12 +49,18 @@ class MoELayer(nn.Module):
                  w2_scale: Optional[torch.Tensor] = None, input_smooth: Optional[torch.Tensor] = None,
                  act_smooth: Optional[torch.Tensor] = None, w13_bias: Optional[torch.Tensor] = None,
                  w2_bias: Optional[torch.Tensor] = None, gate_weight: Optional[torch.Tensor] = None,
-                 gate_bias: Optional[torch.Tensor] = None, device=None):
+                 gate_bias: Optional[torch.Tensor] = None, device=None, process_group=None,
+                 ep_mode: str = "all_reduce", max_tokens_per_rank: Optional[int] = None):
         super().__init__()
         if isinstance(config, str):
             config = MoeConfig.from_json(config)
         self.config = config
         self._config_json = config.to_json()
+        if process_group is not None:
+            expert_parallel.check_group(config, process_group, ep_mode, max_tokens_per_rank)
+        self.process_group, self.ep_mode, self.max_tokens_per_rank = process_group, ep_mode, max_tokens_per_rank
+        # all_reduce mode adds the residual on the group's rank 0 alone (the others' are summed in).
+        self._adds_residual = process_group is None or torch.distributed.get_rank(process_group) == 0
         if device is None and w13 is not None:
             device = w13.device
         weight_dtype = config.weight_torch_dtype
@@ -102,6 +116,18 @@ class MoELayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.process_group is None:
+            return self._local_forward(hidden, router_logits, residual)
+        if self.ep_mode == "all_to_all":
+            if router_logits is None:
+                raise ValueError("moejit: router_logits is required (router_gemm false)")
+            return expert_parallel.dispatch_combine(self, hidden, router_logits, residual, self.process_group,
+                                                    self.max_tokens_per_rank)
+        out = self._local_forward(hidden, router_logits, residual if self._adds_residual else None)
+        return expert_parallel.all_reduce_output(out, self.process_group)
+
+    def _local_forward(self, hidden, router_logits, residual):
+        """This rank's part of the layer: its local experts (its slice of I), plus `residual`."""
         if self.config.router_gemm:
             if router_logits is not None:
                 raise ValueError("moejit: router_logits given, but this layer computes them from its gate_weight "
@@ -116,6 +142,13 @@ class MoELayer(nn.Module):
         return torch.ops.moejit.moe_layer(hidden, router_logits, self.w13, self.w2, self.e_score_correction_bias,
                                           self.w13_scale, self.w2_scale, self.input_smooth, self.act_smooth,
                                           residual, self._config_json, w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+
+    def experts_only(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """Stages 2-6 of this rank on a given routing (topk_ids [T, K] int32 global experts, topk_weights
+        [T, K] fp32): the weighted sum of the row's local experts; other ranks' experts contribute 0."""
+        return torch.ops.moejit.experts(hidden, topk_ids, topk_weights, self.w13, self.w2, self.w13_scale,
+                                        self.w2_scale, self.input_smooth, self.act_smooth, None, self._config_json,
+                                        w13_bias=self.w13_bias, w2_bias=self.w2_bias)
 
     def route(self, router_logits: torch.Tensor):
         """(topk_weights [T, K] fp32, topk_ids [T, K] int32) of SPEC.md stage 1."""

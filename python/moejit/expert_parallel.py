@@ -1,0 +1,145 @@
+"""Expert parallel across ranks through torch.distributed (NCCL on GPUs, gloo on CPUs).
+
+A layer whose config has ep_size > 1 (or tp_size > 1) computes its rank's part only; the two modes
+here finish the layer over the ranks of a process group, so that every rank gets the whole output:
+
+  all_reduce  every rank holds the same tokens; each computes its local experts (its slice of I
+              under tensor parallel) and an all-reduce sums the ranks' outputs. The residual is added
+              on the group's rank 0 only, so it is counted once. Group size ep_size * tp_size, every
+              (ep_rank, tp_rank) exactly once (checked when the layer is built).
+  all_to_all  every rank holds its own tokens (T may differ by rank; at most max_tokens_per_rank).
+              A rank routes its tokens, sends each token's hidden row once to every rank that holds
+              one of its experts (with the token's top-k ids and weights), runs its local experts on
+              what it received, sends the weighted sums back, and adds each token's returns in rank
+              order. Group size ep_size, group rank == ep_rank, tp_size 1.
+
+No host synchronization: the all-to-all buffers have a fixed capacity, max_tokens_per_rank rows per
+pair of ranks (a token goes to a rank at most once, so no routing overflows it), and the counts
+stay on the device; rows past a rank's tokens carry weight 0 and, where ep_size > 1, an expert of
+another rank, so no GEMM computes them. The price is traffic: each rank sends ep_size x capacity
+rows each way (DeepEP's low-latency kernels make the same trade). The sums are in a fixed order
+(rank 0 first), so a call is bitwise reproducible run to run.
+
+Both modes run the moejit ops of their device (the CPU kernels on CPU tensors), so the same code is
+tested with gloo on CPUs (tests/python/test_expert_parallel.py) and runs with NCCL on GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["MODES", "check_group", "all_reduce_output", "dispatch_combine"]
+
+MODES = ("all_reduce", "all_to_all")
+
+
+def check_group(config, group, mode: str, max_tokens_per_rank: Optional[int]) -> None:
+    """Raises ValueError naming what does not fit: the mode, the group's size and ranks against
+    the config's ep_size / ep_rank / tp_size / tp_rank, the capacity. A collective (all_reduce mode
+    gathers every rank's (ep_rank, tp_rank)): every rank of the group must build its layer."""
+    if mode not in MODES:
+        raise ValueError(f"moejit: ep_mode {mode!r} is not supported; allowed: {', '.join(MODES)}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("moejit: process_group is given, but torch.distributed is not initialized "
+                         "(call torch.distributed.init_process_group first)")
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if mode == "all_reduce":
+        want = config.ep_size * config.tp_size
+        if size != want:
+            raise ValueError(f"moejit: process_group has {size} ranks; ep_mode all_reduce sums the outputs of "
+                             f"ep_size * tp_size = {config.ep_size} * {config.tp_size} = {want} ranks")
+        places = [None] * size
+        dist.all_gather_object(places, (config.ep_rank, config.tp_rank), group=group)
+        expected = sorted((e, t) for e in range(config.ep_size) for t in range(config.tp_size))
+        if sorted(places) != expected:
+            raise ValueError(f"moejit: the group's ranks hold (ep_rank, tp_rank) = {places}; ep_mode all_reduce "
+                             f"needs each of {expected} exactly once")
+        return
+    # all_to_all
+    if config.tp_size != 1:
+        raise ValueError(f"moejit: ep_mode all_to_all needs tp_size 1 (got {config.tp_size}): a token's row "
+                         "goes to the one rank that holds each of its experts whole; use all_reduce")
+    if size != config.ep_size:
+        raise ValueError(f"moejit: process_group has {size} ranks; ep_mode all_to_all needs ep_size = "
+                         f"{config.ep_size} (a rank per expert slice)")
+    if rank != config.ep_rank:
+        raise ValueError(f"moejit: this process is rank {rank} of process_group but its config has ep_rank "
+                         f"{config.ep_rank}; ep_mode all_to_all sends expert e's pairs to group rank "
+                         "e // local_experts, so the two must be equal")
+    if config.router_gemm:
+        raise ValueError("moejit: ep_mode all_to_all routes before the dispatch from router_logits; router_gemm "
+                         "layers are not supported there yet (use all_reduce)")
+    if config.fuse_shared_experts:
+        raise ValueError("moejit: ep_mode all_to_all does not run fused shared experts yet (set "
+                         "fuse_shared_experts false and run them beside the layer, or use all_reduce)")
+    if not isinstance(max_tokens_per_rank, int) or isinstance(max_tokens_per_rank, bool) or max_tokens_per_rank <= 0:
+        raise ValueError(f"moejit: ep_mode all_to_all needs max_tokens_per_rank, a positive int (got "
+                         f"{max_tokens_per_rank!r}): the rows each rank may send to each other rank per call")
+
+
+def all_reduce_output(output: torch.Tensor, group) -> torch.Tensor:
+    """Sums `output` over the group's ranks, in place (NCCL on the current stream, or gloo)."""
+    dist.all_reduce(output, op=dist.ReduceOp.SUM, group=group)
+    return output
+
+
+def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, residual: Optional[torch.Tensor],
+                     group, capacity: int) -> torch.Tensor:
+    """The all_to_all mode of one call (see the module's docstring); `layer` is the MoELayer."""
+    config = layer.config
+    ranks, T, H, K = config.ep_size, hidden.shape[0], config.hidden, config.topk
+    if T > capacity:
+        raise ValueError(f"moejit: {T} tokens on this rank, more than max_tokens_per_rank = {capacity}")
+    device = hidden.device
+    topk_weights, topk_ids = layer.route(router_logits)  # [T, K] fp32, [T, K] int32 (global experts)
+    local = config.local_experts
+    # goes[t, r]: token t has an expert on rank r; slot[t, r]: its row in the slab it sends to r.
+    owner = topk_ids.long() // local                                         # [T, K]
+    goes = torch.zeros(T, ranks, dtype=torch.bool, device=device)
+    goes.scatter_(1, owner, True)
+    slot = torch.cumsum(goes.to(torch.int32), dim=0) - 1                    # [T, R]
+    # Where token t's copy for rank r lands in the flat send buffer [R * capacity]; rows not sent
+    # point at a spare row past the end, dropped before the exchange.
+    spare = ranks * capacity
+    row = torch.where(goes, torch.arange(ranks, device=device) * capacity + slot,
+                      torch.full_like(slot, spare)).long()                  # [T, R]
+    # The token each send row carries (T: none, a row of zeros), then the rows themselves.
+    source = torch.full((spare + 1,), T, dtype=torch.long, device=device)
+    tokens = torch.arange(T, device=device)
+    for r in range(ranks):  # (only the spare row, dropped, is written twice)
+        source.index_copy_(0, row[:, r], tokens)
+    source = source[:spare]
+    send_hidden = torch.cat([hidden, hidden.new_zeros(1, H)]).index_select(0, source)
+    send_weights = torch.cat([topk_weights, topk_weights.new_zeros(1, K)]).index_select(0, source)
+    send_ids = torch.cat([topk_ids, topk_ids.new_zeros(1, K)]).index_select(0, source)
+    # An unused row of slab r names an expert of rank r + 1, which rank r does not hold (no GEMM work
+    # for it); with one rank every expert is local, and its weight 0 keeps it out of the sum.
+    if ranks > 1:
+        other = ((torch.arange(spare, device=device) // capacity + 1) % ranks * local).to(torch.int32)
+        send_ids = torch.where((source == T)[:, None], other[:, None].expand(-1, K), send_ids)
+    # The receiver of a row whose expert is not local ignores that slot (SPEC.md: other ranks' pairs
+    # contribute 0); a row a rank receives is any of its senders' tokens.
+    recv_hidden = _exchange(send_hidden, group)
+    recv_ids = _exchange(send_ids, group)
+    recv_weights = _exchange(send_weights, group)
+    partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)      # [R * capacity, H]
+    returned = _exchange(partial, group).float()                             # [R * capacity, H]
+    # Each token's returns in rank order: rank 0's first, then 1's, ... (a fixed order).
+    out = torch.zeros(T, H, dtype=torch.float32, device=device)
+    if residual is not None:
+        out += residual.float()
+    padded = torch.cat([returned, torch.zeros(1, H, dtype=torch.float32, device=device)])
+    for r in range(ranks):
+        out += padded.index_select(0, row[:, r])  # the spare row adds zeros where t skipped r
+    return out.to(hidden.dtype)
+
+
+def _exchange(send: torch.Tensor, group) -> torch.Tensor:
+    """all_to_all_single with equal slabs: send[r * C:(r + 1) * C] goes to rank r, and the result's
+    slab r came from rank r."""
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send.contiguous(), group=group)
+    return recv

@@ -1,0 +1,206 @@
+"""Expert parallel over several processes: torch.distributed with gloo and the CPU kernels
+(python/moejit/expert_parallel.py). Every rank's output must equal the single-rank layer's on the
+same tokens, in both modes: all_reduce (ep x tp ranks, the same tokens everywhere) and all_to_all
+(ep ranks, each its own tokens: odd counts, a rank with none), with routing that leaves ranks without
+a local pair, a residual counted once, and two calls bitwise equal. The same code runs with NCCL on
+GPUs; that needs a machine of several GPUs and is not run here."""
+
+import dataclasses
+import datetime
+import pathlib
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import TOLERANCE, rel_error
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _full_weights(cfg, seed):
+    """[E, 2I, H] and [E, H, I] of the whole layer (ep 1, tp 1), the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    E, H, I = cfg.experts, cfg.hidden, cfg.moe_intermediate
+    w13 = (torch.randn(E, 2 * I, H, generator=g) * 0.1).to(cfg.torch_dtype)
+    w2 = (torch.randn(E, H, I, generator=g) * 0.1).to(cfg.torch_dtype)
+    bias = torch.randn(E, generator=g) * 0.1
+    return w13, w2, bias
+
+
+def _rank_weights(cfg, w13, w2):
+    """This rank's slice: its experts, and its part of I (gate rows, then up rows)."""
+    E_loc, I, I_loc = cfg.local_experts, cfg.moe_intermediate, cfg.local_intermediate
+    e = slice(cfg.ep_rank * E_loc, (cfg.ep_rank + 1) * E_loc)
+    i = slice(cfg.tp_rank * I_loc, (cfg.tp_rank + 1) * I_loc)
+    up = slice(I + cfg.tp_rank * I_loc, I + (cfg.tp_rank + 1) * I_loc)
+    return torch.cat([w13[e, i], w13[e, up]], dim=1).contiguous(), w2[e, :, i].contiguous()
+
+
+def _inputs(cfg, tokens, seed, hostile=False):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, cfg.hidden, generator=g).to(cfg.torch_dtype)
+    logits = torch.randn(tokens, cfg.experts, generator=g)
+    if hostile:
+        # Every token's top-k among the last rank's experts (of 2 or more ranks): the others hold no pair.
+        logits[:, -cfg.topk:] += 30.0
+    # Small beside the experts' sum, so that the check sees the experts' errors.
+    residual = (torch.randn(tokens, cfg.hidden, generator=g) * 0.05).to(cfg.torch_dtype)
+    return hidden, logits.to(cfg.router_torch_dtype), residual
+
+
+def _configs():
+    from moejit import MoeConfig
+
+    base = dict(experts=8, topk=3, hidden=40, moe_intermediate=24, dtype="fp32")
+    return [
+        MoeConfig(**base),
+        MoeConfig(**dict(base, experts=8, topk=2, num_expert_group=4, topk_group=2, scoring="sigmoid",
+                         topk_method="noaux_tc", routed_scaling_factor=2.5)),
+        MoeConfig(**dict(base, dtype="bf16")),
+    ]
+
+
+def _check(errors, what, out, ref, dtype):
+    err = rel_error(out, ref)
+    if not err <= TOLERANCE[dtype]:
+        errors.append(f"{what}: relative error {err:.3e} against the single-rank layer (tolerance {TOLERANCE[dtype]})")
+
+
+def _worker(rank, world, init_file, library, ep, tp, result_dir, backend="gloo", device="cpu"):
+    """One rank: every case of both modes that fits a group of `world` ranks; writes its failures."""
+    sys.path.insert(0, str(ROOT / "python"))
+    if library:
+        torch.ops.load_library(library)
+    import torch.distributed as dist
+
+    from moejit import MoELayer
+
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    errors = []
+    try:
+        group = dist.group.WORLD
+        for n, full_cfg in enumerate(_configs()):
+            w13, w2, bias = (t.to(device) for t in _full_weights(full_cfg, seed=10 + n))
+            single = MoELayer(full_cfg, w13, w2, e_score_correction_bias=bias)
+            dt = full_cfg.torch_dtype
+            # all_reduce: ep x tp ranks, the same 13 tokens on each; rank = ep_rank * tp + tp_rank.
+            cfg = dataclasses.replace(full_cfg, ep_size=ep, ep_rank=rank // tp, tp_size=tp, tp_rank=rank % tp)
+            a, b = _rank_weights(cfg, w13, w2)
+            layer = MoELayer(cfg, a, b, e_score_correction_bias=bias, process_group=group, ep_mode="all_reduce")
+            for hostile in (False, True):
+                hidden, logits, residual = (t.to(device) for t in _inputs(cfg, 13, seed=100 + n, hostile=hostile))
+                what = f"all_reduce ep {ep} tp {tp} {cfg.dtype} config {n} hostile={hostile}"
+                _check(errors, what, layer(hidden, logits, residual), single(hidden, logits, residual), dt)
+            if tp != 1:
+                continue
+            # all_to_all: rank r holds tokens [start_r, start_r + count_r) of 11 (rank 1 of 4 none).
+            counts = {1: [11], 2: [7, 4], 4: [5, 0, 3, 3]}[world]
+            start = sum(counts[:rank])
+            layer = MoELayer(cfg, a, b, e_score_correction_bias=bias, process_group=group, ep_mode="all_to_all",
+                             max_tokens_per_rank=max(counts))
+            for hostile in (False, True):
+                hidden, logits, residual = (t.to(device) for t in _inputs(cfg, 11, seed=200 + n, hostile=hostile))
+                mine = slice(start, start + counts[rank])
+                what = f"all_to_all ep {ep} {cfg.dtype} config {n} hostile={hostile} rank {rank}"
+                out = layer(hidden[mine], logits[mine], residual[mine])
+                _check(errors, what, out, single(hidden, logits, residual)[mine], dt)
+                again = layer(hidden[mine], logits[mine], residual[mine])
+                if not torch.equal(out, again):
+                    errors.append(f"{what}: two calls differ")
+    except Exception as e:  # reported as the rank's failure, after the others have been told
+        errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+        raise
+    finally:
+        (pathlib.Path(result_dir) / f"rank{rank}.txt").write_text("\n".join(errors))
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ep,tp", [(2, 1), (1, 2), (4, 1), (2, 2)])
+def test_sum_over_ranks_equals_the_single_rank_layer(ep, tp, tmp_path, request):
+    library = request.config.getoption("--moejit-library")
+    world = ep * tp
+    mp.start_processes(_worker, args=(world, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()),
+                                      ep, tp, str(tmp_path)),
+                       nprocs=world, join=True, start_method="spawn")
+    failures = [line for r in range(world) for line in (tmp_path / f"rank{r}.txt").read_text().splitlines()]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_rank_nccl_group_on_cuda(tmp_path, request):
+    """Both modes through NCCL on one GPU (a group of one rank: the collectives are copies), so the
+    CUDA path of expert_parallel.py runs where several GPUs are not at hand."""
+    library = request.config.getoption("--moejit-library")
+    mp.start_processes(_worker, args=(1, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()),
+                                      1, 1, str(tmp_path), "nccl", "cuda"),
+                       nprocs=1, join=True, start_method="spawn")
+    failures = (tmp_path / "rank0.txt").read_text().splitlines()
+    assert not failures, "\n".join(failures)
+
+
+def _refusal_worker(rank, world, init_file, library, result_dir):
+    sys.path.insert(0, str(ROOT / "python"))
+    if library:
+        torch.ops.load_library(library)
+    import torch.distributed as dist
+
+    from moejit import MoeConfig, MoELayer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    messages = []
+    base = dict(experts=8, topk=2, hidden=16, moe_intermediate=8, dtype="fp32")
+    cases = [
+        (dict(ep_size=4, ep_rank=rank), "all_reduce", None, "sums the outputs of ep_size * tp_size = 4 * 1 = 4"),
+        (dict(ep_size=2, ep_rank=0), "all_reduce", None, "exactly once"),
+        (dict(ep_size=2, ep_rank=1 - rank), "all_to_all", 4, "must be equal"),
+        (dict(ep_size=1, tp_size=2, tp_rank=rank), "all_to_all", 4, "needs tp_size 1"),
+        (dict(ep_size=2, ep_rank=rank), "all_to_all", None, "max_tokens_per_rank"),
+        (dict(ep_size=2, ep_rank=rank), "ring", None, "ep_mode 'ring' is not supported"),
+    ]
+    try:
+        for kw, mode, capacity, message in cases:
+            try:
+                MoELayer(MoeConfig(**base, **kw), process_group=dist.group.WORLD, ep_mode=mode,
+                         max_tokens_per_rank=capacity)
+                messages.append(f"{kw} {mode}: accepted")
+            except ValueError as e:
+                if message not in str(e):
+                    messages.append(f"{kw} {mode}: {e} (wanted '{message}')")
+        layer = MoELayer(MoeConfig(**base, ep_size=2, ep_rank=rank), process_group=dist.group.WORLD,
+                         ep_mode="all_to_all", max_tokens_per_rank=2)
+        try:
+            layer(torch.zeros(3, 16), torch.zeros(3, 8))
+            messages.append("3 tokens over max_tokens_per_rank 2: accepted")
+        except ValueError as e:
+            if "more than max_tokens_per_rank = 2" not in str(e):
+                messages.append(str(e))
+    finally:
+        (pathlib.Path(result_dir) / f"rank{rank}.txt").write_text("\n".join(messages))
+        dist.destroy_process_group()
+
+
+def test_groups_that_do_not_fit_are_refused_with_the_reason(tmp_path, request):
+    library = request.config.getoption("--moejit-library")
+    mp.start_processes(_refusal_worker, args=(2, str(tmp_path / "store"),
+                                              library and str(pathlib.Path(library).resolve()), str(tmp_path)),
+                       nprocs=2, join=True, start_method="spawn")
+    failures = [line for r in range(2) for line in (tmp_path / f"rank{r}.txt").read_text().splitlines()]
+    assert not failures, "\n".join(failures)
+
+
+def test_without_torch_distributed_a_group_is_refused():
+    import torch.distributed as dist
+
+    from moejit import MoeConfig, MoELayer
+
+    if dist.is_initialized():
+        pytest.skip("this process has a default group")
+    with pytest.raises(ValueError, match="torch.distributed is not initialized"):
+        MoELayer(MoeConfig(experts=8, topk=2, hidden=16, moe_intermediate=8, dtype="fp32", ep_size=2),
+                 process_group=object())
