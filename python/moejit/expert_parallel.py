@@ -26,6 +26,7 @@ tested with gloo on CPUs (tests/python/test_expert_parallel.py) and runs with NC
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -82,8 +83,20 @@ def check_group(config, group, mode: str, max_tokens_per_rank: Optional[int]) ->
 
 def all_reduce_output(output: torch.Tensor, group) -> torch.Tensor:
     """Sums `output` over the group's ranks, in place (NCCL on the current stream, or gloo)."""
-    dist.all_reduce(output, op=dist.ReduceOp.SUM, group=group)
+    with _naming_failures("all_reduce", "the all-reduce of the layer's output", group):
+        dist.all_reduce(output, op=dist.ReduceOp.SUM, group=group)
     return output
+
+
+@contextlib.contextmanager
+def _naming_failures(mode: str, what: str, group):
+    """Re-raises a collective's failure (a dead rank, a timeout) as one that says which exchange of
+    which mode failed. (NCCL may report a dead peer only at its timeout, through its watchdog.)"""
+    try:
+        yield
+    except RuntimeError as e:
+        raise RuntimeError(f"moejit: ep_mode {mode}: {what} over the process group ({dist.get_world_size(group)} "
+                           f"ranks) failed; a rank may have died or timed out: {e}") from e
 
 
 def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, residual: Optional[torch.Tensor],
@@ -122,11 +135,11 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
         send_ids = torch.where((source == T)[:, None], other[:, None].expand(-1, K), send_ids)
     # The receiver of a row whose expert is not local ignores that slot (SPEC.md: other ranks' pairs
     # contribute 0); a row a rank receives is any of its senders' tokens.
-    recv_hidden = _exchange(send_hidden, group)
-    recv_ids = _exchange(send_ids, group)
-    recv_weights = _exchange(send_weights, group)
+    recv_hidden = _exchange(send_hidden, group, "the dispatch of the tokens' rows")
+    recv_ids = _exchange(send_ids, group, "the dispatch of the tokens' top-k ids")
+    recv_weights = _exchange(send_weights, group, "the dispatch of the tokens' top-k weights")
     partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)      # [R * capacity, H]
-    returned = _exchange(partial, group).float()                             # [R * capacity, H]
+    returned = _exchange(partial, group, "the combine's return of the experts' sums").float()                             # [R * capacity, H]
     # Each token's returns in rank order: rank 0's first, then 1's, ... (a fixed order).
     out = torch.zeros(T, H, dtype=torch.float32, device=device)
     if residual is not None:
@@ -137,9 +150,10 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
     return out.to(hidden.dtype)
 
 
-def _exchange(send: torch.Tensor, group) -> torch.Tensor:
+def _exchange(send: torch.Tensor, group, what: str) -> torch.Tensor:
     """all_to_all_single with equal slabs: send[r * C:(r + 1) * C] goes to rank r, and the result's
     slab r came from rank r."""
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send.contiguous(), group=group)
+    with _naming_failures("all_to_all", what, group):
+        dist.all_to_all_single(recv, send.contiguous(), group=group)
     return recv

@@ -2,8 +2,9 @@
 (python/moejit/expert_parallel.py). Every rank's output must equal the single-rank layer's on the
 same tokens, in both modes: all_reduce (ep x tp ranks, the same tokens everywhere) and all_to_all
 (ep ranks, each its own tokens: odd counts, a rank with none), with routing that leaves ranks without
-a local pair, a residual counted once, and two calls bitwise equal. The same code runs with NCCL on
-GPUs; that needs a machine of several GPUs and is not run here."""
+a local pair, a residual counted once, and two calls bitwise equal; a rank killed mid-run ends the
+others' call with an error naming the exchange, not a hang. The same code runs with NCCL on GPUs
+(one rank here, where CUDA is; several ranks need a machine of several GPUs, not run yet)."""
 
 import dataclasses
 import datetime
@@ -204,3 +205,52 @@ def test_without_torch_distributed_a_group_is_refused():
     with pytest.raises(ValueError, match="torch.distributed is not initialized"):
         MoELayer(MoeConfig(experts=8, topk=2, hidden=16, moe_intermediate=8, dtype="fp32", ep_size=2),
                  process_group=object())
+
+
+def _killed_peer_worker(rank, world, init_file, library, result_dir, mode):
+    """Rank 1 dies after building its layer; rank 0 then calls the layer and writes how it ended."""
+    import os
+    import time
+
+    sys.path.insert(0, str(ROOT / "python"))
+    if library:
+        torch.ops.load_library(library)
+    import torch.distributed as dist
+
+    from moejit import MoeConfig, MoELayer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    cfg = MoeConfig(experts=8, topk=2, hidden=16, moe_intermediate=8, dtype="fp32", ep_size=2, ep_rank=rank)
+    layer = MoELayer(cfg, process_group=dist.group.WORLD, ep_mode=mode, max_tokens_per_rank=4)
+    if rank == 1:
+        os._exit(3)  # killed mid-run: after the layer is built, before its call's exchanges
+    start = time.monotonic()
+    try:
+        layer(torch.randn(3, 16), torch.randn(3, 8))
+        outcome = "returned"
+    except Exception as e:  # what the surviving rank's caller sees
+        outcome = f"{type(e).__name__}: {e}".replace("\n", " ")
+    (pathlib.Path(result_dir) / "rank0.txt").write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
+
+
+@pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
+def test_a_killed_rank_ends_the_others_call_with_an_error_not_a_hang(mode, tmp_path, request):
+    library = request.config.getoption("--moejit-library")
+    spawn = mp.get_context("spawn")
+    args = (2, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()), str(tmp_path), mode)
+    procs = [spawn.Process(target=_killed_peer_worker, args=(rank,) + args) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"rank(s) {hung} still running 180 s after rank 1 died"
+    assert procs[1].exitcode == 3
+    elapsed, outcome = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert outcome != "returned", "rank 0's call returned although its peer was dead"
+    assert f"moejit: ep_mode {mode}:" in outcome and "a rank may have died or timed out" in outcome, outcome
+    assert float(elapsed) < 120, f"rank 0's call took {elapsed} s to fail: {outcome}"
