@@ -49,7 +49,13 @@ NcclLibrary load_nccl_library(const std::string& path, bool knob_set) {
     dlclose(handle);
     throw Error(fmt::format("{} reports NCCL version {}; moejit needs NCCL 2 (libnccl.so.2)", path, version));
   }
-  return nccl;  // the handle stays open: the pointers are into it
+  nccl.handle = handle;
+  return nccl;
+}
+
+void close_nccl_library(NcclLibrary& nccl) {
+  if (nccl.handle) dlclose(nccl.handle);
+  nccl = NcclLibrary{};
 }
 
 namespace {
@@ -57,10 +63,21 @@ namespace {
 // The process's table, or why there is none.
 using Loaded = std::variant<NcclLibrary, std::string>;
 
+// The file of the NCCL whose ncclAllReduce the process exports globally (linked by the program, or
+// loaded RTLD_GLOBAL), if any.
+std::string exported_nccl() {
+  void* symbol = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+  Dl_info info{};
+  if (!symbol || !dladdr(symbol, &info) || !info.dli_fname || !*info.dli_fname) return {};
+  return info.dli_fname;
+}
+
 Loaded load_once() {
   const std::string& knob = knobs().nccl_library;
   try {
-    return load_nccl_library(knob.empty() ? "libnccl.so.2" : knob, !knob.empty());
+    if (!knob.empty()) return load_nccl_library(knob, true);
+    const std::string exported = exported_nccl();
+    return load_nccl_library(exported.empty() ? "libnccl.so.2" : exported, false);
   } catch (const Error& e) {
     return std::string(e.what());
   }
@@ -76,6 +93,10 @@ const NcclLibrary& nccl_library() {
 
 void check_nccl(int result, const char* what) {
   if (result == nccl::kSuccess) return;
+  if (result == nccl::kInProgress)
+    throw Error(fmt::format("{}: NCCL returned ncclInProgress: the communicator is non-blocking; moejit needs a "
+                            "blocking one (NCCL's default: config.blocking = 1)",
+                            what));
   const char* message = nccl_library().get_error_string(result);
   throw Error(fmt::format("{}: NCCL error {} ({})", what, result, message ? message : "no message"));
 }

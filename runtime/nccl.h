@@ -30,6 +30,7 @@ constexpr int kSum = 0;         // ncclSum
 struct NcclLibrary {
   std::string path;  // what dlopen was given
   int version = 0;   // ncclGetVersion's, e.g. 22809 for 2.28.9
+  void* handle = nullptr;  // dlopen's; the pointers below are into it
 
   int (*get_version)(int* version) = nullptr;
   const char* (*get_error_string)(int result) = nullptr;
@@ -45,16 +46,22 @@ struct NcclLibrary {
 
 // Loads NCCL from `path` (a file path or a soname dlopen searches for): the table, or Error saying
 // what failed (`knob_set`: the path came from MOEJIT_NCCL_LIBRARY, which the message then names).
-// Each call opens the library anew; nccl_library() below keeps one for the process.
+// Each call opens the library once more (dlopen counts); close_nccl_library releases a table this
+// returned. nccl_library() below keeps one for the process.
 NcclLibrary load_nccl_library(const std::string& path, bool knob_set);
+void close_nccl_library(NcclLibrary& nccl);
 
-// The process-wide table, loaded on first use from MOEJIT_NCCL_LIBRARY when it is set, else from
-// libnccl.so.2 (which finds a copy the process has loaded already, e.g. torch's). Throws Error saying
+// The process-wide table, loaded on first use. It must be the NCCL that created the caller's
+// communicator (a communicator handed to a second copy of NCCL is undefined behaviour), so, in order:
+// MOEJIT_NCCL_LIBRARY when it is set (the caller says which); else the NCCL whose ncclAllReduce the
+// process already exports (an engine that links NCCL); else libnccl.so.2, which is the copy the
+// process has loaded already under that name (e.g. torch's) or the loader's. Throws Error saying
 // what failed: the library not found (and how to point moejit at one), a symbol missing, or a
 // version before 2.0. The outcome is kept: a later call fails the same way without retrying.
 const NcclLibrary& nccl_library();
 
-// Throws Error "<what>: NCCL error <n> (<NCCL's message>)" unless result is ncclSuccess.
+// Throws Error "<what>: NCCL error <n> (<NCCL's message>)" unless result is ncclSuccess; for
+// ncclInProgress it says that moejit needs a blocking communicator (NCCL's default).
 void check_nccl(int result, const char* what);
 
 }  // namespace moejit

@@ -27,6 +27,7 @@ class ReducedLayer final : public Layer {
   const MoeConfig& config() const override { return inner_->config(); }
   const Plan* plan() const override { return inner_->plan(); }
   size_t workspace_bytes(int64_t max_tokens) const override { return inner_->workspace_bytes(max_tokens); }
+  // moejit's kernels only: the all-reduce's are NCCL's.
   int launches(int64_t tokens) const override { return inner_->launches(tokens); }
 
   std::string describe() const override {

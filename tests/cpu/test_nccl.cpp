@@ -17,22 +17,19 @@ namespace moejit {
 namespace {
 
 // The library on the loader's path, else the one the build found (pip's nvidia-nccl-cu13, which torch
-// installs); a failure names both. scripts/setup.sh installs torch, so CI has one.
-NcclLibrary installed_nccl() {
-  try {
-    return load_nccl_library("libnccl.so.2", false);
-  } catch (const Error& first) {
-#ifdef MOEJIT_NCCL_LIBRARY_FILE
-    return load_nccl_library(MOEJIT_NCCL_LIBRARY_FILE, true);
-#else
-    throw;
-#endif
-  }
-}
-
+// installs: scripts/setup.sh installs torch, so CI has one). Where the build found none and the
+// loader has none either, the machine has no NCCL: the test is skipped, saying so.
 TEST(Nccl, TheInstalledLibraryLoadsWithoutAGpu) {
   NcclLibrary nccl;
-  ASSERT_NO_THROW(nccl = installed_nccl());
+  try {
+    nccl = load_nccl_library("libnccl.so.2", false);
+  } catch (const Error& e) {
+#ifdef MOEJIT_NCCL_LIBRARY_FILE
+    ASSERT_NO_THROW(nccl = load_nccl_library(MOEJIT_NCCL_LIBRARY_FILE, true)) << "and libnccl.so.2: " << e.what();
+#else
+    GTEST_SKIP() << "no NCCL on this machine (the build found none, and: " << e.what() << ")";
+#endif
+  }
   EXPECT_GE(nccl.version, 20000) << nccl.path;
   ASSERT_NE(nccl.get_error_string, nullptr);
   EXPECT_NE(std::string(nccl.get_error_string(nccl::kInProgress)), "");
@@ -40,6 +37,8 @@ TEST(Nccl, TheInstalledLibraryLoadsWithoutAGpu) {
                   reinterpret_cast<void*>(nccl.comm_cu_device), reinterpret_cast<void*>(nccl.all_reduce),
                   reinterpret_cast<void*>(nccl.comm_init_all), reinterpret_cast<void*>(nccl.comm_destroy)})
     EXPECT_NE(f, nullptr);
+  close_nccl_library(nccl);
+  EXPECT_EQ(nccl.handle, nullptr);
 }
 
 TEST(Nccl, AMissingLibraryOrOneThatIsNotNcclIsAClearError) {

@@ -1,0 +1,59 @@
+// A stand-in for libnccl.so.2, for tests/cpu/reduced_layer_test.cpp on a machine without a GPU: a
+// communicator is a number that encodes its ranks, rank and device, and ncclAllReduce records its
+// arguments and moves nothing, so the test can check what the reducing layer asks NCCL to do.
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+struct StubAllReduce {
+  const void* send;
+  void* recv;
+  size_t count;
+  int datatype;
+  int op;
+  void* comm;
+  void* stream;
+};
+
+namespace {
+constexpr int kMaxCalls = 64;
+StubAllReduce calls[kMaxCalls];
+int call_count = 0;
+
+// comm = (ranks << 16) | (rank << 8) | device
+int field(void* comm, int shift) { return static_cast<int>((reinterpret_cast<uintptr_t>(comm) >> shift) & 0xff); }
+}  // namespace
+
+int ncclGetVersion(int* version) {
+  *version = 22800;
+  return 0;
+}
+const char* ncclGetErrorString(int) { return "stub NCCL error"; }
+int ncclCommCount(void* comm, int* count) {
+  *count = field(comm, 16);
+  return 0;
+}
+int ncclCommUserRank(void* comm, int* rank) {
+  *rank = field(comm, 8);
+  return 0;
+}
+int ncclCommCuDevice(void* comm, int* device) {
+  *device = field(comm, 0);
+  return 0;
+}
+int ncclAllReduce(const void* send, void* recv, size_t count, int datatype, int op, void* comm, void* stream) {
+  if (call_count < kMaxCalls) calls[call_count++] = {send, recv, count, datatype, op, comm, stream};
+  return 0;
+}
+int ncclCommInitAll(void**, int, const int*) { return 5; }  // ncclInvalidUsage: the stub makes none
+int ncclCommDestroy(void*) { return 0; }
+
+// What the test reads back: the calls so far (and forgets them with reset).
+int moejit_nccl_stub_calls(const StubAllReduce** out) {
+  *out = calls;
+  return call_count;
+}
+void moejit_nccl_stub_reset() { call_count = 0; }
+
+}  // extern "C"
