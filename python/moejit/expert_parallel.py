@@ -15,8 +15,8 @@ here finish the layer over the ranks of a process group, so that every rank gets
 
 No host synchronization: the all-to-all buffers have a fixed capacity, max_tokens_per_rank rows per
 pair of ranks (a token goes to a rank at most once, so no routing overflows it), and the counts
-stay on the device; rows past a rank's tokens carry weight 0 and, where ep_size > 1, an expert of
-another rank, so no GEMM computes them. The price is traffic: each rank sends ep_size x capacity
+stay on the device; rows past a rank's tokens carry weight 0 and expert ids -1, which select no
+expert, so no GEMM computes them. The price is traffic: each rank sends ep_size x capacity
 rows each way (DeepEP's low-latency kernels make the same trade). The sums are in a fixed order
 (rank 0 first), so a call is bitwise reproducible run to run.
 
@@ -39,46 +39,63 @@ MODES = ("all_reduce", "all_to_all")
 
 def check_group(config, group, mode: str, max_tokens_per_rank: Optional[int]) -> None:
     """Raises ValueError naming what does not fit: the mode, the group's size and ranks against
-    the config's ep_size / ep_rank / tp_size / tp_rank, the capacity. A collective (all_reduce mode
-    gathers every rank's (ep_rank, tp_rank)): every rank of the group must build its layer."""
+    the config's ep_size / ep_rank / tp_size / tp_rank, the capacity. A collective: every rank of
+    the group must build its layer, and every rank raises when any rank's layer does not fit (so
+    that none goes on to wait in an exchange the others never join)."""
     if mode not in MODES:
         raise ValueError(f"moejit: ep_mode {mode!r} is not supported; allowed: {', '.join(MODES)}")
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("moejit: process_group is given, but torch.distributed is not initialized "
                          "(call torch.distributed.init_process_group first)")
     size, rank = dist.get_world_size(group), dist.get_rank(group)
+    mine = _problem(config, size, rank, mode, max_tokens_per_rank)
+    facts = [None] * size
+    dist.all_gather_object(facts, (mine, config.ep_rank, config.tp_rank, max_tokens_per_rank), group=group)
+    if mine:
+        raise ValueError(f"moejit: {mine}")
+    others = [f"rank {r}: {fact[0]}" for r, fact in enumerate(facts) if fact[0]]
+    if others:
+        raise ValueError(f"moejit: the layer does not fit the process group on other ranks ({'; '.join(others)})")
+    if mode == "all_reduce":
+        places = sorted((fact[1], fact[2]) for fact in facts)
+        expected = sorted((e, t) for e in range(config.ep_size) for t in range(config.tp_size))
+        if places != expected:
+            raise ValueError(f"moejit: the group's ranks hold (ep_rank, tp_rank) = {[f[1:3] for f in facts]}; ep_mode "
+                             f"all_reduce needs each of {expected} exactly once")
+    else:
+        capacities = [fact[3] for fact in facts]
+        # The slabs of an exchange line up only if every rank cuts them alike.
+        if len(set(capacities)) != 1:
+            raise ValueError(f"moejit: the group's ranks give max_tokens_per_rank {capacities}; ep_mode all_to_all "
+                             "needs the same value on every rank")
+
+
+def _problem(config, size: int, rank: int, mode: str, capacity) -> Optional[str]:
+    """Why this rank's layer does not fit the group (None: it does)."""
     if mode == "all_reduce":
         want = config.ep_size * config.tp_size
         if size != want:
-            raise ValueError(f"moejit: process_group has {size} ranks; ep_mode all_reduce sums the outputs of "
-                             f"ep_size * tp_size = {config.ep_size} * {config.tp_size} = {want} ranks")
-        places = [None] * size
-        dist.all_gather_object(places, (config.ep_rank, config.tp_rank), group=group)
-        expected = sorted((e, t) for e in range(config.ep_size) for t in range(config.tp_size))
-        if sorted(places) != expected:
-            raise ValueError(f"moejit: the group's ranks hold (ep_rank, tp_rank) = {places}; ep_mode all_reduce "
-                             f"needs each of {expected} exactly once")
-        return
-    # all_to_all
+            return (f"process_group has {size} ranks; ep_mode all_reduce sums the outputs of ep_size * tp_size = "
+                    f"{config.ep_size} * {config.tp_size} = {want} ranks")
+        return None
     if config.tp_size != 1:
-        raise ValueError(f"moejit: ep_mode all_to_all needs tp_size 1 (got {config.tp_size}): a token's row "
-                         "goes to the one rank that holds each of its experts whole; use all_reduce")
+        return (f"ep_mode all_to_all needs tp_size 1 (got {config.tp_size}): a token's row goes to the one rank "
+                "that holds each of its experts whole; use all_reduce")
     if size != config.ep_size:
-        raise ValueError(f"moejit: process_group has {size} ranks; ep_mode all_to_all needs ep_size = "
-                         f"{config.ep_size} (a rank per expert slice)")
+        return f"process_group has {size} ranks; ep_mode all_to_all needs ep_size = {config.ep_size} (a rank per expert slice)"
     if rank != config.ep_rank:
-        raise ValueError(f"moejit: this process is rank {rank} of process_group but its config has ep_rank "
-                         f"{config.ep_rank}; ep_mode all_to_all sends expert e's pairs to group rank "
-                         "e // local_experts, so the two must be equal")
+        return (f"this process is rank {rank} of process_group but its config has ep_rank {config.ep_rank}; ep_mode "
+                "all_to_all sends expert e's pairs to group rank e // local_experts, so the two must be equal")
     if config.router_gemm:
-        raise ValueError("moejit: ep_mode all_to_all routes before the dispatch from router_logits; router_gemm "
-                         "layers are not supported there yet (use all_reduce)")
+        return ("ep_mode all_to_all routes before the dispatch from router_logits; router_gemm layers are not "
+                "supported there yet (use all_reduce)")
     if config.fuse_shared_experts:
-        raise ValueError("moejit: ep_mode all_to_all does not run fused shared experts yet (set "
-                         "fuse_shared_experts false and run them beside the layer, or use all_reduce)")
-    if not isinstance(max_tokens_per_rank, int) or isinstance(max_tokens_per_rank, bool) or max_tokens_per_rank <= 0:
-        raise ValueError(f"moejit: ep_mode all_to_all needs max_tokens_per_rank, a positive int (got "
-                         f"{max_tokens_per_rank!r}): the rows each rank may send to each other rank per call")
+        return ("ep_mode all_to_all does not run fused shared experts yet (set fuse_shared_experts false and run "
+                "them beside the layer, or use all_reduce)")
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        return (f"ep_mode all_to_all needs max_tokens_per_rank, a positive int (got {capacity!r}): the rows each "
+                "rank may send to each other rank per call")
+    return None
 
 
 def all_reduce_output(output: torch.Tensor, group) -> torch.Tensor:
@@ -105,7 +122,11 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
     config = layer.config
     ranks, T, H, K = config.ep_size, hidden.shape[0], config.hidden, config.topk
     if T > capacity:
-        raise ValueError(f"moejit: {T} tokens on this rank, more than max_tokens_per_rank = {capacity}")
+        # This rank still serves the others' rows (sending none of its own), so that their call
+        # completes and the group's exchanges stay paired; then it raises.
+        dispatch_combine(layer, hidden[:0], router_logits[:0], None, group, capacity)
+        raise ValueError(f"moejit: {T} tokens on this rank, more than max_tokens_per_rank = {capacity}; this "
+                         "call computed nothing for them (the other ranks' calls completed)")
     device = hidden.device
     topk_weights, topk_ids = layer.route(router_logits)  # [T, K] fp32, [T, K] int32 (global experts)
     local = config.local_experts
@@ -125,14 +146,10 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
     for r in range(ranks):  # (only the spare row, dropped, is written twice)
         source.index_copy_(0, row[:, r], tokens)
     source = source[:spare]
+    # An unused row: zeros, weight 0, and ids -1, which select no expert (no GEMM work for it).
     send_hidden = torch.cat([hidden, hidden.new_zeros(1, H)]).index_select(0, source)
     send_weights = torch.cat([topk_weights, topk_weights.new_zeros(1, K)]).index_select(0, source)
-    send_ids = torch.cat([topk_ids, topk_ids.new_zeros(1, K)]).index_select(0, source)
-    # An unused row of slab r names an expert of rank r + 1, which rank r does not hold (no GEMM work
-    # for it); with one rank every expert is local, and its weight 0 keeps it out of the sum.
-    if ranks > 1:
-        other = ((torch.arange(spare, device=device) // capacity + 1) % ranks * local).to(torch.int32)
-        send_ids = torch.where((source == T)[:, None], other[:, None].expand(-1, K), send_ids)
+    send_ids = torch.cat([topk_ids, topk_ids.new_full((1, K), -1)]).index_select(0, source)
     # The receiver of a row whose expert is not local ignores that slot (SPEC.md: other ranks' pairs
     # contribute 0); a row a rank receives is any of its senders' tokens.
     recv_hidden = _exchange(send_hidden, group, "the dispatch of the tokens' rows")

@@ -163,6 +163,10 @@ def _refusal_worker(rank, world, init_file, library, result_dir):
         (dict(ep_size=1, tp_size=2, tp_rank=rank), "all_to_all", 4, "needs tp_size 1"),
         (dict(ep_size=2, ep_rank=rank), "all_to_all", None, "max_tokens_per_rank"),
         (dict(ep_size=2, ep_rank=rank), "ring", None, "ep_mode 'ring' is not supported"),
+        (dict(ep_size=2, ep_rank=rank), "all_to_all", 4 + rank, "max_tokens_per_rank [4, 5]"),
+        # One rank's layer does not fit: both raise (rank 0's names rank 1's reason).
+        (dict(ep_size=2, ep_rank=rank, tp_size=1 + rank, tp_rank=0), "all_to_all", 4,
+         "needs tp_size 1" if rank else "on other ranks (rank 1: ep_mode all_to_all needs tp_size 1"),
     ]
     try:
         for kw, mode, capacity, message in cases:
@@ -173,14 +177,23 @@ def _refusal_worker(rank, world, init_file, library, result_dir):
             except ValueError as e:
                 if message not in str(e):
                     messages.append(f"{kw} {mode}: {e} (wanted '{message}')")
-        layer = MoELayer(MoeConfig(**base, ep_size=2, ep_rank=rank), process_group=dist.group.WORLD,
-                         ep_mode="all_to_all", max_tokens_per_rank=2)
+        # Rank 0 has too many tokens: it raises, and rank 1's call completes with the right output.
+        g = torch.Generator().manual_seed(5)
+        w13, w2 = torch.randn(8, 16, 16, generator=g) * 0.1, torch.randn(8, 16, 8, generator=g) * 0.1
+        layer = MoELayer(MoeConfig(**base, ep_size=2, ep_rank=rank), w13[4 * rank:4 * rank + 4], w2[4 * rank:4 * rank + 4],
+                         process_group=dist.group.WORLD, ep_mode="all_to_all", max_tokens_per_rank=2)
+        single = MoELayer(MoeConfig(**base), w13, w2)
+        hidden, logits = torch.randn(2, 16, generator=g), torch.randn(2, 8, generator=g)
         try:
-            layer(torch.zeros(3, 16), torch.zeros(3, 8))
-            messages.append("3 tokens over max_tokens_per_rank 2: accepted")
+            out = layer(torch.zeros(3, 16), torch.zeros(3, 8)) if rank == 0 else layer(hidden, logits)
+            if rank == 0:
+                messages.append("3 tokens over max_tokens_per_rank 2: accepted")
+            elif not rel_error(out, single(hidden, logits)) <= TOLERANCE[torch.float32]:
+                messages.append(f"rank 1's output is off by {rel_error(out, single(hidden, logits)):.2e} while rank 0 "
+                                "overflowed")
         except ValueError as e:
-            if "more than max_tokens_per_rank = 2" not in str(e):
-                messages.append(str(e))
+            if rank != 0 or "more than max_tokens_per_rank = 2" not in str(e):
+                messages.append(f"rank {rank}: {e}")
     finally:
         (pathlib.Path(result_dir) / f"rank{rank}.txt").write_text("\n".join(messages))
         dist.destroy_process_group()
@@ -253,4 +266,4 @@ def test_a_killed_rank_ends_the_others_call_with_an_error_not_a_hang(mode, tmp_p
     elapsed, outcome = (tmp_path / "rank0.txt").read_text().split("\n", 1)
     assert outcome != "returned", "rank 0's call returned although its peer was dead"
     assert f"moejit: ep_mode {mode}:" in outcome and "a rank may have died or timed out" in outcome, outcome
-    assert float(elapsed) < 120, f"rank 0's call took {elapsed} s to fail: {outcome}"
+    assert float(elapsed) < 10, f"rank 0's call took {elapsed} s to fail (its timeout is 30 s): {outcome}"
