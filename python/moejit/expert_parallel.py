@@ -7,18 +7,22 @@ here finish the layer over the ranks of a process group, so that every rank gets
               under tensor parallel) and an all-reduce sums the ranks' outputs. The residual is added
               on the group's rank 0 only, so it is counted once. Group size ep_size * tp_size, every
               (ep_rank, tp_rank) exactly once (checked when the layer is built).
-  all_to_all  every rank holds its own tokens (T may differ by rank; at most max_tokens_per_rank).
-              A rank routes its tokens, sends each token's hidden row once to every rank that holds
-              one of its experts (with the token's top-k ids and weights), runs its local experts on
-              what it received, sends the weighted sums back, and adds each token's returns in rank
-              order. Group size ep_size, group rank == ep_rank, tp_size 1.
-
-No host synchronization: the all-to-all buffers have a fixed capacity, max_tokens_per_rank rows per
-pair of ranks (a token goes to a rank at most once, so no routing overflows it), and the counts
-stay on the device; rows past a rank's tokens carry weight 0 and expert ids -1, which select no
-expert, so no GEMM computes them. The price is traffic: each rank sends ep_size x capacity
-rows each way (DeepEP's low-latency kernels make the same trade). The sums are in a fixed order
-(rank 0 first), so a call is bitwise reproducible run to run.
+  all_to_all  every rank holds its own tokens (T may differ by rank). A rank routes its tokens,
+              sends each token's hidden row once to every rank that holds one of its experts (with
+              the token's top-k ids and weights), runs its local experts on what it received, sends
+              the weighted sums back, and adds each token's returns in rank order. Group size
+              ep_size, group rank == ep_rank, tp_size 1. Two ways to size the exchange:
+                max_tokens_per_rank = C  slabs of a fixed capacity, C rows per pair of ranks (a token
+                    goes to a rank at most once, so no routing overflows them): the counts stay on the
+                    device, no host synchronization, CUDA-graph capturable. Rows past a rank's tokens
+                    carry weight 0 and expert ids -1, which select no expert, so no GEMM computes them,
+                    but every rank sends ep_size x C rows each way whatever the routing (DeepEP's
+                    low-latency kernels make the same trade): for decode within a node.
+                max_tokens_per_rank = None  splits that follow the routing: the ranks first exchange
+                    their counts and the host reads them (a synchronization per call, no CUDA graph),
+                    then each row crosses once: for prefill, and for groups past one node, where the
+                    fixed slabs would send ep_size / (distinct ranks per token) times the bytes.
+The sums are in a fixed order (rank 0 first), so a call is bitwise reproducible run to run.
 
 Both modes run the moejit ops of their device (the CPU kernels on CPU tensors), so the same code is
 tested with gloo on CPUs (tests/python/test_expert_parallel.py) and runs with NCCL on GPUs.
@@ -92,9 +96,9 @@ def _problem(config, size: int, rank: int, mode: str, capacity) -> Optional[str]
     if config.fuse_shared_experts:
         return ("ep_mode all_to_all does not run fused shared experts yet (set fuse_shared_experts false and run "
                 "them beside the layer, or use all_reduce)")
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-        return (f"ep_mode all_to_all needs max_tokens_per_rank, a positive int (got {capacity!r}): the rows each "
-                "rank may send to each other rank per call")
+    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0):
+        return (f"ep_mode all_to_all takes max_tokens_per_rank, a positive int (the rows each rank may send to each "
+                f"other rank per call), or None (splits that follow the routing); got {capacity!r}")
     return None
 
 
@@ -117,8 +121,10 @@ def _naming_failures(mode: str, what: str, group):
 
 
 def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, residual: Optional[torch.Tensor],
-                     group, capacity: int) -> torch.Tensor:
+                     group, capacity: Optional[int]) -> torch.Tensor:
     """The all_to_all mode of one call (see the module's docstring); `layer` is the MoELayer."""
+    if capacity is None:
+        return _routed_dispatch_combine(layer, hidden, router_logits, residual, group)
     config = layer.config
     ranks, T, H, K = config.ep_size, hidden.shape[0], config.hidden, config.topk
     if T > capacity:
@@ -164,6 +170,50 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
     padded = torch.cat([returned, torch.zeros(1, H, dtype=torch.float32, device=device)])
     for r in range(ranks):
         out += padded.index_select(0, row[:, r])  # the spare row adds zeros where t skipped r
+    return out.to(hidden.dtype)
+
+
+def _routed_dispatch_combine(layer, hidden, router_logits, residual, group) -> torch.Tensor:
+    """all_to_all with splits that follow the routing: rows for rank r are the tokens that have an
+    expert there, in token order; the counts are exchanged first and read on the host."""
+    config = layer.config
+    ranks, T, H = config.ep_size, hidden.shape[0], config.hidden
+    device = hidden.device
+    topk_weights, topk_ids = layer.route(router_logits)
+    goes = torch.zeros(T, ranks, dtype=torch.bool, device=device)
+    goes.scatter_(1, topk_ids.long() // config.local_experts, True)
+    # source: the token of every send row, rank 0's rows first (nonzero reads the mask on the host).
+    to_rank = [torch.nonzero(goes[:, r]).squeeze(1) for r in range(ranks)]
+    sent = [int(t.numel()) for t in to_rank]
+    source = torch.cat(to_rank)
+    with _naming_failures("all_to_all", "the exchange of the row counts", group):
+        counts = torch.tensor(sent, dtype=torch.int64, device=device)
+        arrived = torch.empty_like(counts)
+        dist.all_to_all_single(arrived, counts, group=group)
+    received = arrived.tolist()
+
+    def exchange(send, out_rows, in_splits, out_splits, what):
+        recv = send.new_empty((out_rows,) + tuple(send.shape[1:]))
+        with _naming_failures("all_to_all", what, group):
+            dist.all_to_all_single(recv, send.contiguous(), out_splits, in_splits, group=group)
+        return recv
+
+    rows_in = sum(received)
+    recv_hidden = exchange(hidden.index_select(0, source), rows_in, sent, received, "the dispatch of the tokens' rows")
+    recv_ids = exchange(topk_ids.index_select(0, source), rows_in, sent, received,
+                        "the dispatch of the tokens' top-k ids")
+    recv_weights = exchange(topk_weights.index_select(0, source), rows_in, sent, received,
+                            "the dispatch of the tokens' top-k weights")
+    partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)
+    returned = exchange(partial, source.numel(), received, sent, "the combine's return of the experts' sums").float()
+    # Each token's returns in rank order; within one rank's rows a token appears once.
+    out = (residual.to(torch.float32, copy=True) if residual is not None
+           else torch.zeros(T, H, dtype=torch.float32, device=device))
+    start = 0
+    for r in range(ranks):
+        rows = slice(start, start + sent[r])
+        out.index_add_(0, source[rows], returned[rows])
+        start += sent[r]
     return out.to(hidden.dtype)
 
 

@@ -40,8 +40,10 @@ class MoELayer(nn.Module):
     rank's part, which the caller sums over the ranks. With one (torch.distributed; NCCL for CUDA
     tensors, gloo for CPU ones) every rank gets the whole output, by ep_mode (expert_parallel.py):
     "all_reduce" (every rank the same tokens; the group holds each (ep_rank, tp_rank) once; the
-    residual is added once) or "all_to_all" (every rank its own tokens, at most max_tokens_per_rank
-    a call; group rank == ep_rank, tp_size 1). Building the layer is then a collective of the group.
+    residual is added once) or "all_to_all" (every rank its own tokens; group rank == ep_rank, tp_size
+    1; max_tokens_per_rank C: fixed slabs of C rows per pair of ranks, no host sync, at most C tokens a
+    call; None: splits that follow the routing, one host sync a call). Building the layer is then a
+    collective of the group.
     """
 
     def __init__(self, config: MoeConfig, w13: Optional[torch.Tensor] = None, w2: Optional[torch.Tensor] = None, *,

@@ -99,20 +99,25 @@ def _worker(rank, world, init_file, library, ep, tp, result_dir, backend="gloo",
                 _check(errors, what, layer(hidden, logits, residual), single(hidden, logits, residual), dt)
             if tp != 1:
                 continue
-            # all_to_all: rank r holds tokens [start_r, start_r + count_r) of 11 (rank 1 of 4 none).
+            # all_to_all: rank r holds tokens [start_r, start_r + count_r) of 11 (rank 1 of 4 none);
+            # fixed slabs of the largest count, and splits that follow the routing (None).
             counts = {1: [11], 2: [7, 4], 4: [5, 0, 3, 3]}[world]
             start = sum(counts[:rank])
-            layer = MoELayer(cfg, a, b, e_score_correction_bias=bias, process_group=group, ep_mode="all_to_all",
-                             max_tokens_per_rank=max(counts))
-            for hostile in (False, True):
-                hidden, logits, residual = (t.to(device) for t in _inputs(cfg, 11, seed=200 + n, hostile=hostile))
-                mine = slice(start, start + counts[rank])
-                what = f"all_to_all ep {ep} {cfg.dtype} config {n} hostile={hostile} rank {rank}"
-                out = layer(hidden[mine], logits[mine], residual[mine])
-                _check(errors, what, out, single(hidden, logits, residual)[mine], dt)
-                again = layer(hidden[mine], logits[mine], residual[mine])
-                if not torch.equal(out, again):
-                    errors.append(f"{what}: two calls differ")
+            for capacity in (max(counts), None):
+                layer = MoELayer(cfg, a, b, e_score_correction_bias=bias, process_group=group, ep_mode="all_to_all",
+                                 max_tokens_per_rank=capacity)
+                for hostile in (False, True):
+                    hidden, logits, residual = (t.to(device) for t in _inputs(cfg, 11, seed=200 + n, hostile=hostile))
+                    mine = slice(start, start + counts[rank])
+                    kept = residual[mine].clone()
+                    what = f"all_to_all C={capacity} ep {ep} {cfg.dtype} config {n} hostile={hostile} rank {rank}"
+                    out = layer(hidden[mine], logits[mine], residual[mine])
+                    _check(errors, what, out, single(hidden, logits, residual)[mine], dt)
+                    again = layer(hidden[mine], logits[mine], residual[mine])
+                    if not torch.equal(out, again):
+                        errors.append(f"{what}: two calls differ")
+                    if not torch.equal(residual[mine], kept):
+                        errors.append(f"{what}: the call changed the caller's residual")
     except Exception as e:  # reported as the rank's failure, after the others have been told
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
         raise
@@ -161,7 +166,8 @@ def _refusal_worker(rank, world, init_file, library, result_dir):
         (dict(ep_size=2, ep_rank=0), "all_reduce", None, "exactly once"),
         (dict(ep_size=2, ep_rank=1 - rank), "all_to_all", 4, "must be equal"),
         (dict(ep_size=1, tp_size=2, tp_rank=rank), "all_to_all", 4, "needs tp_size 1"),
-        (dict(ep_size=2, ep_rank=rank), "all_to_all", None, "max_tokens_per_rank"),
+        (dict(ep_size=2, ep_rank=rank), "all_to_all", 0, "takes max_tokens_per_rank, a positive int"),
+        (dict(ep_size=2, ep_rank=rank), "all_to_all", None if rank else 4, "max_tokens_per_rank [4, None]"),
         (dict(ep_size=2, ep_rank=rank), "ring", None, "ep_mode 'ring' is not supported"),
         (dict(ep_size=2, ep_rank=rank), "all_to_all", 4 + rank, "max_tokens_per_rank [4, 5]"),
         # One rank's layer does not fit: both raise (rank 0's names rank 1's reason).
