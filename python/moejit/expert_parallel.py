@@ -135,9 +135,8 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
                          "call computed nothing for them (the other ranks' calls completed)")
     device = hidden.device
     topk_weights, topk_ids = layer.route(router_logits)  # [T, K] fp32, [T, K] int32 (global experts)
-    local = config.local_experts
     # goes[t, r]: token t has an expert on rank r; slot[t, r]: its row in the slab it sends to r.
-    owner = topk_ids.long() // local                                         # [T, K]
+    owner = topk_ids.long() // config.local_experts                          # [T, K]
     goes = torch.zeros(T, ranks, dtype=torch.bool, device=device)
     goes.scatter_(1, owner, True)
     slot = torch.cumsum(goes.to(torch.int32), dim=0) - 1                    # [T, R]
@@ -162,7 +161,7 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
     recv_ids = _exchange(send_ids, group, "the dispatch of the tokens' top-k ids")
     recv_weights = _exchange(send_weights, group, "the dispatch of the tokens' top-k weights")
     partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)      # [R * capacity, H]
-    returned = _exchange(partial, group, "the combine's return of the experts' sums").float()                             # [R * capacity, H]
+    returned = _exchange(partial, group, "the combine's return of the experts' sums").float()  # [R * C, H]
     # Each token's returns in rank order: rank 0's first, then 1's, ... (a fixed order).
     out = torch.zeros(T, H, dtype=torch.float32, device=device)
     if residual is not None:
