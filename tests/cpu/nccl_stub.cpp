@@ -1,20 +1,12 @@
 // A stand-in for libnccl.so.2, for tests/cpu/reduced_layer_test.cpp on a machine without a GPU: a
 // communicator is a number that encodes its ranks, rank and device, and ncclAllReduce records its
 // arguments and moves nothing, so the test can check what the reducing layer asks NCCL to do.
+#include "nccl_stub.h"
+
 #include <cstddef>
 #include <cstdint>
 
 extern "C" {
-
-struct StubAllReduce {
-  const void* send;
-  void* recv;
-  size_t count;
-  int datatype;
-  int op;
-  void* comm;
-  void* stream;
-};
 
 namespace {
 constexpr int kMaxCalls = 64;

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "nccl_stub.h"
 #include "runtime/nccl.h"
 #include "runtime/reduced_layer.h"
 
@@ -21,15 +22,6 @@
 #error "tests/CMakeLists.txt defines MOEJIT_NCCL_STUB (the stand-in NCCL's path)"
 #endif
 
-extern "C" struct StubAllReduce {
-  const void* send;
-  void* recv;
-  size_t count;
-  int datatype;
-  int op;
-  void* comm;
-  void* stream;
-};
 
 namespace moejit {
 namespace {
