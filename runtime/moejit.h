@@ -55,8 +55,9 @@ int moejit_layer_create(const char* config, const char* overrides_json, moejit_l
  * ncclComm_t the caller owns (it must outlive the layer), of the ep_size * tp_size ranks whose
  * outputs make the layer's, on the layer's device. moejit_layer_forward and moejit_layer_experts
  * then end with the sum of the output over it (ncclAllReduce on the call's stream; the residual is
- * added on the communicator's rank 0 only). NCCL is loaded at run time (MOEJIT_NCCL_LIBRARY, else
- * libnccl.so.2); a communicator of another size or device is refused (2). NULL nccl_comm: as
+ * added on the communicator's rank 0 only). NCCL is loaded at run time and must be the one that made
+ * the communicator: MOEJIT_NCCL_LIBRARY, else the NCCL the process exports, else libnccl.so.2
+ * (runtime/nccl.h); a communicator of another size or device is refused (2). NULL nccl_comm: as
  * moejit_layer_create. */
 int moejit_layer_create_in_group(const char* config, const char* overrides_json, void* nccl_comm,
                                  moejit_layer** out);

@@ -1,6 +1,7 @@
 #include "runtime/reduced_layer.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "runtime/nccl.h"
@@ -30,14 +31,11 @@ class ReducedLayer final : public Layer {
   // moejit's kernels only: the all-reduce's are NCCL's.
   int launches(int64_t tokens) const override { return inner_->launches(tokens); }
 
+  // The inner layer's JSON object with the group added.
   std::string describe() const override {
-    // The inner layer's JSON object with the group appended before its closing brace.
-    std::string text = inner_->describe();
-    const size_t end = text.rfind('}');
-    if (end == std::string::npos) return text;
-    return text.substr(0, end) +
-           fmt::format(", \"all_reduce\": {{\"nccl_ranks\": {}, \"nccl_rank\": {}, \"nccl_version\": {}}}}}", ranks_,
-                       rank_, nccl_library().version);
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(inner_->describe());
+    j["all_reduce"] = {{"nccl_ranks", ranks_}, {"nccl_rank", rank_}, {"nccl_version", nccl_library().version}};
+    return j.dump();
   }
 
   void forward(void* stream, int64_t tokens, const LayerInputs& inputs, void* output, void* workspace,

@@ -123,11 +123,9 @@ def _naming_failures(mode: str, what: str, group):
 def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, residual: Optional[torch.Tensor],
                      group, capacity: Optional[int]) -> torch.Tensor:
     """The all_to_all mode of one call (see the module's docstring); `layer` is the MoELayer."""
-    if capacity is None:
-        return _routed_dispatch_combine(layer, hidden, router_logits, residual, group)
     config = layer.config
-    ranks, T, H, K = config.ep_size, hidden.shape[0], config.hidden, config.topk
-    if T > capacity:
+    ranks, T = config.ep_size, hidden.shape[0]
+    if capacity is not None and T > capacity:
         # This rank still serves the others' rows (sending none of its own), so that their call
         # completes and the group's exchanges stay paired; then it raises.
         dispatch_combine(layer, hidden[:0], router_logits[:0], None, group, capacity)
@@ -135,91 +133,64 @@ def dispatch_combine(layer, hidden: torch.Tensor, router_logits: torch.Tensor, r
                          "call computed nothing for them (the other ranks' calls completed)")
     device = hidden.device
     topk_weights, topk_ids = layer.route(router_logits)  # [T, K] fp32, [T, K] int32 (global experts)
-    # goes[t, r]: token t has an expert on rank r; slot[t, r]: its row in the slab it sends to r.
-    owner = topk_ids.long() // config.local_experts                          # [T, K]
-    goes = torch.zeros(T, ranks, dtype=torch.bool, device=device)
-    goes.scatter_(1, owner, True)
-    slot = torch.cumsum(goes.to(torch.int32), dim=0) - 1                    # [T, R]
-    # Where token t's copy for rank r lands in the flat send buffer [R * capacity]; rows not sent
-    # point at a spare row past the end, dropped before the exchange.
-    spare = ranks * capacity
-    row = torch.where(goes, torch.arange(ranks, device=device) * capacity + slot,
-                      torch.full_like(slot, spare)).long()                  # [T, R]
-    # The token each send row carries (T: none, a row of zeros), then the rows themselves.
-    source = torch.full((spare + 1,), T, dtype=torch.long, device=device)
-    tokens = torch.arange(T, device=device)
-    for r in range(ranks):  # (only the spare row, dropped, is written twice)
-        source.index_copy_(0, row[:, r], tokens)
-    source = source[:spare]
-    # An unused row: zeros, weight 0, and ids -1, which select no expert (no GEMM work for it).
-    send_hidden = torch.cat([hidden, hidden.new_zeros(1, H)]).index_select(0, source)
-    send_weights = torch.cat([topk_weights, topk_weights.new_zeros(1, K)]).index_select(0, source)
-    send_ids = torch.cat([topk_ids, topk_ids.new_full((1, K), -1)]).index_select(0, source)
-    # The receiver of a row whose expert is not local ignores that slot (SPEC.md: other ranks' pairs
-    # contribute 0); a row a rank receives is any of its senders' tokens.
-    recv_hidden = _exchange(send_hidden, group, "the dispatch of the tokens' rows")
-    recv_ids = _exchange(send_ids, group, "the dispatch of the tokens' top-k ids")
-    recv_weights = _exchange(send_weights, group, "the dispatch of the tokens' top-k weights")
-    partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)      # [R * capacity, H]
-    returned = _exchange(partial, group, "the combine's return of the experts' sums").float()  # [R * C, H]
-    # Each token's returns in rank order: rank 0's first, then 1's, ... (a fixed order).
-    out = torch.zeros(T, H, dtype=torch.float32, device=device)
-    if residual is not None:
-        out += residual.float()
-    padded = torch.cat([returned, torch.zeros(1, H, dtype=torch.float32, device=device)])
-    for r in range(ranks):
-        out += padded.index_select(0, row[:, r])  # the spare row adds zeros where t skipped r
-    return out.to(hidden.dtype)
-
-
-def _routed_dispatch_combine(layer, hidden, router_logits, residual, group) -> torch.Tensor:
-    """all_to_all with splits that follow the routing: rows for rank r are the tokens that have an
-    expert there, in token order; the counts are exchanged first and read on the host."""
-    config = layer.config
-    ranks, T, H = config.ep_size, hidden.shape[0], config.hidden
-    device = hidden.device
-    topk_weights, topk_ids = layer.route(router_logits)
+    # goes[t, r]: token t has an expert on rank r (it is sent there once).
     goes = torch.zeros(T, ranks, dtype=torch.bool, device=device)
     goes.scatter_(1, topk_ids.long() // config.local_experts, True)
-    # source: the token of every send row, rank 0's rows first (nonzero reads the mask on the host).
-    to_rank = [torch.nonzero(goes[:, r]).squeeze(1) for r in range(ranks)]
-    sent = [int(t.numel()) for t in to_rank]
-    source = torch.cat(to_rank)
-    with _naming_failures("all_to_all", "the exchange of the row counts", group):
-        counts = torch.tensor(sent, dtype=torch.int64, device=device)
-        arrived = torch.empty_like(counts)
-        dist.all_to_all_single(arrived, counts, group=group)
-    received = arrived.tolist()
+    # source: the token each send row carries, rank 0's rows first, then rank 1's, ...; T marks an
+    # unused row of a fixed slab. sent / received: rows to and from each rank.
+    if capacity is None:
+        # Splits that follow the routing: nonzero and the count exchange read on the host.
+        to_rank = [torch.nonzero(goes[:, r]).squeeze(1) for r in range(ranks)]
+        sent = [int(t.numel()) for t in to_rank]
+        source = torch.cat(to_rank)
+        with _naming_failures("all_to_all", "the exchange of the row counts", group):
+            counts = torch.tensor(sent, dtype=torch.int64, device=device)
+            arrived = torch.empty_like(counts)
+            dist.all_to_all_single(arrived, counts, group=group)
+        received = arrived.tolist()
+    else:
+        # Fixed slabs: token t's row for rank r is slab r's row (its place among r's tokens); the
+        # counts never leave the device. Rows not sent point at a spare row past the end.
+        slot = torch.cumsum(goes.to(torch.int32), dim=0) - 1
+        spare = ranks * capacity
+        row = torch.where(goes, torch.arange(ranks, device=device) * capacity + slot, torch.full_like(slot, spare))
+        source = torch.full((spare + 1,), T, dtype=torch.long, device=device)
+        tokens = torch.arange(T, device=device)
+        for r in range(ranks):  # (only the spare row, dropped, is written twice)
+            source.index_copy_(0, row[:, r].long(), tokens)
+        source = source[:spare]
+        sent = received = [capacity] * ranks
+    return _exchange_and_combine(layer, hidden, topk_ids, topk_weights, residual, source, sent, received, group)
 
-    def exchange(send, out_rows, in_splits, out_splits, what):
-        recv = send.new_empty((out_rows,) + tuple(send.shape[1:]))
+
+def _exchange_and_combine(layer, hidden, topk_ids, topk_weights, residual, source, sent, received, group):
+    """Sends row j (token source[j]; T: an unused row of zeros, weight 0 and ids -1, which select no
+    expert, so no GEMM works on it) to its rank by the splits, runs this rank's experts on what
+    arrived (other ranks' experts in a row's ids contribute 0), returns the sums the same way back,
+    and adds each token's returns to its residual in rank order, in fp32."""
+    T, H = hidden.shape[0], layer.config.hidden
+
+    def exchange(send, in_splits, out_splits, what):
+        recv = send.new_empty((sum(out_splits),) + tuple(send.shape[1:]))
         with _naming_failures("all_to_all", what, group):
             dist.all_to_all_single(recv, send.contiguous(), out_splits, in_splits, group=group)
         return recv
 
-    rows_in = sum(received)
-    recv_hidden = exchange(hidden.index_select(0, source), rows_in, sent, received, "the dispatch of the tokens' rows")
-    recv_ids = exchange(topk_ids.index_select(0, source), rows_in, sent, received,
-                        "the dispatch of the tokens' top-k ids")
-    recv_weights = exchange(topk_weights.index_select(0, source), rows_in, sent, received,
-                            "the dispatch of the tokens' top-k weights")
+    def rows(t, fill):
+        return torch.cat([t, t.new_full((1,) + tuple(t.shape[1:]), fill)]).index_select(0, source)
+
+    recv_hidden = exchange(rows(hidden, 0), sent, received, "the dispatch of the tokens' rows")
+    recv_ids = exchange(rows(topk_ids, -1), sent, received, "the dispatch of the tokens' top-k ids")
+    recv_weights = exchange(rows(topk_weights, 0), sent, received, "the dispatch of the tokens' top-k weights")
     partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)
-    returned = exchange(partial, source.numel(), received, sent, "the combine's return of the experts' sums").float()
-    # Each token's returns in rank order; within one rank's rows a token appears once.
-    out = (residual.to(torch.float32, copy=True) if residual is not None
-           else torch.zeros(T, H, dtype=torch.float32, device=device))
+    returned = exchange(partial, received, sent, "the combine's return of the experts' sums").float()
+    # Row T collects the unused rows' returns (zeros) and is dropped; within one rank's rows a
+    # token appears once, so each rank's returns are one add per token.
+    out = torch.zeros(T + 1, H, dtype=torch.float32, device=hidden.device)
+    if residual is not None:
+        out[:T] += residual.float()
     start = 0
-    for r in range(ranks):
-        rows = slice(start, start + sent[r])
-        out.index_add_(0, source[rows], returned[rows])
+    for r in range(len(sent)):
+        out.index_add_(0, source[start:start + sent[r]], returned[start:start + sent[r]])
         start += sent[r]
-    return out.to(hidden.dtype)
-
-
-def _exchange(send: torch.Tensor, group, what: str) -> torch.Tensor:
-    """all_to_all_single with equal slabs: send[r * C:(r + 1) * C] goes to rank r, and the result's
-    slab r came from rank r."""
-    recv = torch.empty_like(send)
-    with _naming_failures("all_to_all", what, group):
-        dist.all_to_all_single(recv, send.contiguous(), group=group)
-    return recv
+    return out[:T].to(hidden.dtype)

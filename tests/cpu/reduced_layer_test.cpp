@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "nccl_stub.h"
@@ -127,9 +128,11 @@ TEST(ReducedLayer, EachCallSumsTheOutputInPlaceAndRankZeroAloneAddsTheResidual) 
       const FakeLayer& inner = *fake;
       void* comm = stub_comm(2, rank, 0);
       auto layer = reduce_over_group(std::move(fake), comm);
-      EXPECT_NE(layer->describe().find("\"all_reduce\": {\"nccl_ranks\": 2, \"nccl_rank\": " + std::to_string(rank)),
-                std::string::npos)
-          << layer->describe();
+      const nlohmann::json described = nlohmann::json::parse(layer->describe());
+      EXPECT_EQ(described.value("backend", ""), "fake") << described;  // the inner layer's fields kept
+      EXPECT_EQ(described["all_reduce"],
+                (nlohmann::json{{"nccl_ranks", 2}, {"nccl_rank", rank}, {"nccl_version", 22800}}))
+          << described;
       EXPECT_EQ(layer->launches(7), 4);
       (void)stub_calls();
       int residual = 0, output = 0;
