@@ -23,6 +23,9 @@
 #   MOEJIT_BENCH_COMMIT  the commit this tree is, for the benchmark headers (the device machine's
 #                  copy can carry stale git metadata: name the commit in the command, e.g.
 #                  MOEJIT_BENCH_COMMIT=af2f932 bash bench/device_run.sh)
+#   EP_BENCH=1     then bench/ep_bench.cpp (expert parallel across the machine's GPUs, both modes;
+#                  says so and does nothing below two GPUs): EP_BENCH_ARGS its flags (default: all of
+#                  issue 23's points), table in $OUT/ep_bench.md
 #   SMI=1          log SM clock, power and throttle reasons every 200 ms during the benchmark
 #                  ($OUT/smi.csv) and print their range
 set -uo pipefail
@@ -38,7 +41,7 @@ stamp "configure + build"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi
-cmake --build "$build" --target moejit_gpu_tests moejit_torch moejit_layer_check moejit >>"$out/build.log" 2>&1 \
+cmake --build "$build" --target moejit_gpu_tests moejit_torch moejit_layer_check moejit_ep_bench moejit >>"$out/build.log" 2>&1 \
   || { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
 mkdir -p python/moejit/lib && cp "$build/backends/torch/libmoejit_torch.so" python/moejit/lib/
 status=0
@@ -82,6 +85,11 @@ if [ -n "${smi_pid:-}" ]; then
     {clk[NR] = $1; pw[NR] = $2; if ($2 > maxp) maxp = $2; reason[$3]++}
     END {if (NR) {printf "nvidia-smi busy samples: %d; SM clock MHz min %s median %s max %s; power max %s W; throttle reasons:", NR, clk[1], clk[int((NR + 1) / 2)], clk[NR], maxp;
          for (r in reason) printf " %s x%d", r, reason[r]; print ""}}'
+fi
+if [ "${EP_BENCH:-0}" = "1" ]; then
+  stamp "expert-parallel benchmark"
+  # shellcheck disable=SC2086
+  "$build/bench/moejit_ep_bench" ${EP_BENCH_ARGS:-} --out "$out/ep_bench.md" 2>&1 | tail -80 || status=1
 fi
 if [ "${SWEEP:-0}" = "1" ]; then
   stamp "tile sweep"

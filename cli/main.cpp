@@ -20,6 +20,7 @@
 #include "common/knobs.h"
 #include "common/version.h"
 #include "compiler/codegen.h"
+#include "compiler/families/exchange.h"
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
 #include "compiler/tuning_store.h"
@@ -74,9 +75,13 @@ void dump_source(const ConfigOptions& inputs, const std::string& arch_flag, cons
                  bool with_plan, bool with_ptx, int64_t max_tokens) {
   MoeConfig config = inputs.resolve();
   std::string arch = resolve_arch(arch_flag);
-  Plan plan = plan_layer(config, arch);
   std::optional<Stage> stage;
   if (!stage_name.empty()) stage = parse_stage(stage_name);
+  // The all_to_all exchange's kernels are a plan of their own (compiler/families/exchange.h).
+  Plan plan = stage == Stage::Exchange ? exchange_plan(config, arch) : plan_layer(config, arch);
+  if (with_plan && stage == Stage::Exchange)
+    throw InvalidInput("plan: the exchange stage has no token buckets to show (its kernels are listed in the "
+                       "unit's header); drop --plan");
   if (with_plan) fmt::print("{}\n", describe(plan, config.placement(), max_tokens));
   KernelSource source = generate(plan);
   bool printed = false;
@@ -199,7 +204,8 @@ int run(int argc, char** argv) {
   ConfigOptions dump_inputs;
   dump_inputs.add_to(*dump);
   dump->add_option("--arch", arch, "target arch, e.g. sm_90a (default: the device's, else sm_90a)");
-  dump->add_option("--stage", stage, "only the unit holding this stage: routing, index, expand, gemm1, gemm2, combine");
+  dump->add_option("--stage", stage, "only the unit holding this stage: routing, index, expand, gemm1, gemm2, combine, or exchange (the "
+                    "kernels of expert parallel's all_to_all mode)");
   dump->add_flag("--plan", with_plan, "print the plan first");
   dump->add_flag("--ptx", with_ptx, "also compile and print the PTX");
   dump->add_option("--max-tokens", max_tokens_text, "token count the printed workspace is sized for");

@@ -32,8 +32,10 @@ Grid grid_of(const LaunchRule& rule, const CallPlan& call) {
     case GridRule::TokensByColumns: return {call.tokens, ceil_div(rule.columns, rule.per_block)};
     case GridRule::TokenTilesByColumns:
       return {ceil_div(call.tokens, rule.token_tile), ceil_div(rule.columns, rule.per_block)};
+    case GridRule::RanksOfGroup:
+    case GridRule::SlabRowsByColumns: break;  // the exchange's, not a layer call's (exchange_grid)
   }
-  return {1, 1};
+  throw Error("moejit internal error: a layer call's kernel with an exchange's launch rule");
 }
 
 }  // namespace
@@ -96,6 +98,9 @@ KernelArgs pack_args(const CallStep& step, const CallContext& context) {
     case KernelRole::Gemm1: return gemm1_args(context);
     case KernelRole::Gemm2: return gemm2_args(context);
     case KernelRole::Combine: return combine_args(context);
+    case KernelRole::ExchangeSlots:
+    case KernelRole::ExchangePack:
+    case KernelRole::ExchangeCombine: break;  // not a layer call's (runtime/exchange_kernels.h)
   }
   throw Error("moejit internal error: a kernel role without arguments");
 }

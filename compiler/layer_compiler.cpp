@@ -50,9 +50,15 @@ Plan plan_layer(const LayerSpec& spec, const std::string& arch, const std::vecto
 CompiledLayer compile_layer(const LayerSpec& spec, const std::string& arch, KernelCache& cache,
                             const UnitProgress& progress, const std::vector<TileOverride>& tiles) {
   check_arch(arch);
+  return compile_plan(plan_layer(spec, arch, tiles), cache, progress);
+}
+
+CompiledLayer compile_plan(Plan plan, KernelCache& cache, const UnitProgress& progress) {
+  check_arch(plan.arch);
+  const std::string arch = plan.arch;
   const auto start = std::chrono::steady_clock::now();
   CompiledLayer layer;
-  layer.plan = plan_layer(spec, arch, tiles);
+  layer.plan = std::move(plan);
   layer.source = generate(layer.plan);
   const CompileOptions options = compile_options_for(arch);
 

@@ -51,4 +51,8 @@ Plan plan_layer(const LayerSpec& spec, const std::string& arch, const std::vecto
 CompiledLayer compile_layer(const LayerSpec& spec, const std::string& arch, KernelCache& cache,
                             const UnitProgress& progress = {}, const std::vector<TileOverride>& tiles = {});
 
+// The same for a plan made elsewhere (the all_to_all exchange's, compiler/families/exchange.h):
+// checks its arch, then compiles or loads its units.
+CompiledLayer compile_plan(Plan plan, KernelCache& cache, const UnitProgress& progress = {});
+
 }  // namespace moejit

@@ -17,6 +17,7 @@ std::string_view to_string(Stage stage) {
     case Stage::Gemm1: return "gemm1";
     case Stage::Gemm2: return "gemm2";
     case Stage::Combine: return "combine";
+    case Stage::Exchange: return "exchange";
   }
   return "?";
 }
@@ -30,8 +31,9 @@ const std::vector<Stage>& all_stages() {
 Stage parse_stage(std::string_view name) {
   for (Stage s : all_stages())
     if (to_string(s) == name) return s;
+  if (name == to_string(Stage::Exchange)) return Stage::Exchange;
   throw InvalidInput(fmt::format(
-      "stage: '{}' is unknown; allowed values: routing, index, expand, gemm1, gemm2, combine", shown(name)));
+      "stage: '{}' is unknown; allowed values: routing, index, expand, gemm1, gemm2, combine, exchange", shown(name)));
 }
 
 std::string_view to_string(KernelRole role) {
@@ -46,6 +48,9 @@ std::string_view to_string(KernelRole role) {
     case KernelRole::Gemm1: return "gemm1";
     case KernelRole::Gemm2: return "gemm2";
     case KernelRole::Combine: return "combine";
+    case KernelRole::ExchangeSlots: return "exchange_slots";
+    case KernelRole::ExchangePack: return "exchange_pack";
+    case KernelRole::ExchangeCombine: return "exchange_combine";
   }
   return "?";
 }
@@ -64,6 +69,8 @@ std::string_view to_string(GridRule rule) {
     case GridRule::RowTileGroups: return "max_row_tiles(T) * ceil(N / per_block) blocks, grouped";
     case GridRule::TokensByColumns: return "(T, ceil(H / per_block)) blocks";
     case GridRule::TokenTilesByColumns: return "(ceil(T / token_tile), ceil(E / per_block)) blocks";
+    case GridRule::RanksOfGroup: return "ep_size blocks";
+    case GridRule::SlabRowsByColumns: return "(ep_size * C, ceil(H / per_block)) blocks";
   }
   return "?";
 }

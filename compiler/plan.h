@@ -12,10 +12,12 @@
 
 namespace moejit {
 
-// SPEC.md's stages, as `moejit dump-source --stage` names them.
-enum class Stage { Routing, Index, Expand, Gemm1, Gemm2, Combine };
+// SPEC.md's stages, as `moejit dump-source --stage` names them. Exchange is not one of a layer's
+// stages (all_stages() leaves it out): the kernels around the all_to_all mode's NCCL exchanges,
+// which exchange_plan (compiler/families/exchange.h) plans beside a layer's plan.
+enum class Stage { Routing, Index, Expand, Gemm1, Gemm2, Combine, Exchange };
 std::string_view to_string(Stage stage);
-// Throws InvalidInput listing the stage names.
+// Throws InvalidInput listing the stage names (exchange included).
 Stage parse_stage(std::string_view name);
 const std::vector<Stage>& all_stages();
 
@@ -33,6 +35,9 @@ enum class KernelRole {
   Gemm1,           // stage 4 with the activation (one kernel per distinct tile)
   Gemm2,           // stage 5
   Combine,         // stage 6
+  ExchangeSlots,   // all_to_all: each token's row in each rank's send slab
+  ExchangePack,    // all_to_all: the send slabs' rows, ids and weights
+  ExchangeCombine, // all_to_all: the ranks' returned sums (+ residual) into the output
 };
 std::string_view to_string(KernelRole role);
 
@@ -47,6 +52,8 @@ enum class GridRule {
   RowTileGroups,      // max_tiles(T) * ceil(N / per_block) blocks, 1-D (tensor-core grouped GEMMs)
   TokensByColumns,    // (T, ceil(H / per_block)) blocks (combine)
   TokenTilesByColumns,  // (ceil(T / token_tile), ceil(E / per_block)) blocks (router GEMM)
+  RanksOfGroup,       // ep_size blocks (the all_to_all exchange's slots)
+  SlabRowsByColumns,  // (ep_size * C, ceil(H / per_block)) blocks (the all_to_all exchange's pack)
 };
 std::string_view to_string(GridRule rule);
 

@@ -99,24 +99,39 @@ const moejit::Layer& checked_layer(const moejit_layer* layer, const moejit_input
   return *layer->layer;
 }
 
-}  // namespace
 
-extern "C" {
-
-int moejit_layer_create_in_group(const char* config, const char* overrides_json, void* nccl_comm,
-                                 moejit_layer** out) {
+int create_layer(const char* config, const char* overrides_json, const moejit::LayerOptions& options,
+                 moejit_layer** out) {
   return guarded([&] {
     if (!out) throw moejit::InvalidInput("out: null pointer");
     *out = nullptr;
     if (!config) throw moejit::InvalidInput("config: null pointer");
     moejit::MoeConfig c = resolve_config(config, parse_overrides(overrides_json));
     auto handle = std::make_unique<moejit_layer>();
-    moejit::LayerOptions options;
-    options.nccl_comm = nccl_comm;
     handle->layer = moejit::Layer::create(c, options);
     handle->config_json = moejit::to_json(c).dump();
     *out = handle.release();
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+int moejit_layer_create_in_group(const char* config, const char* overrides_json, void* nccl_comm,
+                                 moejit_layer** out) {
+  moejit::LayerOptions options;
+  options.nccl_comm = nccl_comm;
+  return create_layer(config, overrides_json, options, out);
+}
+
+int moejit_layer_create_all_to_all(const char* config, const char* overrides_json, void* nccl_comm,
+                                   int64_t max_tokens_per_rank, moejit_layer** out) {
+  moejit::LayerOptions options;
+  options.nccl_comm = nccl_comm;
+  options.ep_mode = moejit::ExpertParallelMode::AllToAll;
+  options.max_tokens_per_rank = max_tokens_per_rank;
+  return create_layer(config, overrides_json, options, out);
 }
 
 int moejit_layer_create(const char* config, const char* overrides_json, moejit_layer** out) {

@@ -1,7 +1,8 @@
 // Layer::create: the one place a layer's backend is chosen (runtime/backend_select.h) and built.
 // The JIT: read the tuning store, compile (compiler/layer_compiler.h), load (jit_layer.h). Another
 // backend: the factory its library registered (runtime/backend_registry.h). With an NCCL
-// communicator, the layer that sums its output over it (runtime/reduced_layer.h).
+// communicator, the layer that sums its output over it (runtime/reduced_layer.h), or, in
+// all_to_all mode, the one that exchanges its tokens over it (runtime/dispatched_layer.h).
 #include "runtime/layer.h"
 
 #include <fmt/format.h>
@@ -13,7 +14,9 @@
 #include "compiler/tuning_store.h"
 #include "runtime/backend_registry.h"
 #include "runtime/backend_select.h"
+#include "compiler/families/exchange.h"
 #include "runtime/cuda_driver.h"
+#include "runtime/dispatched_layer.h"
 #include "runtime/jit_layer.h"
 #include "runtime/loaded_layer.h"
 #include "runtime/reduced_layer.h"
@@ -33,9 +36,14 @@ std::unique_ptr<Layer> create_backend_layer(const MoeConfig& config, const Layer
 }  // namespace
 
 std::unique_ptr<Layer> Layer::create(const MoeConfig& config, const LayerOptions& options) {
-  std::unique_ptr<Layer> layer = create_backend_layer(config, options);
-  if (!options.nccl_comm) return layer;
-  return reduce_over_group(std::move(layer), options.nccl_comm);
+  const bool all_to_all = options.ep_mode == ExpertParallelMode::AllToAll;
+  if (all_to_all && !options.nccl_comm)
+    throw InvalidInput("nccl_comm: null; ep_mode all_to_all exchanges tokens over a communicator of the ep_size "
+                       "ranks (give one, or use the default all_reduce mode)");
+  if (!all_to_all && options.max_tokens_per_rank != 0)
+    throw InvalidInput(fmt::format("max_tokens_per_rank: {}; only ep_mode all_to_all takes it (0 otherwise)",
+                                   options.max_tokens_per_rank));
+  return create_backend_layer(config, options);
 }
 
 namespace {
@@ -63,7 +71,11 @@ std::unique_ptr<Layer> create_backend_layer(const MoeConfig& config, const Layer
   }
   try {
     // The communicator first: a wrong one fails before anything is compiled.
-    if (options.nccl_comm) check_reduce_group(config, options.nccl_comm, ordinal);
+    const bool all_to_all = options.nccl_comm && options.ep_mode == ExpertParallelMode::AllToAll;
+    if (all_to_all)
+      check_dispatch_group(config, options.nccl_comm, ordinal, options.max_tokens_per_rank);
+    else if (options.nccl_comm)
+      check_reduce_group(config, options.nccl_comm, ordinal);
     DeviceInfo info;
     info.ordinal = ordinal;
     char name[256] = {};
@@ -76,7 +88,9 @@ std::unique_ptr<Layer> create_backend_layer(const MoeConfig& config, const Layer
     if (backend.kind != BackendKind::CudaJit) {
       if (retained) d.primary_ctx_release(device);
       retained = false;
-      return create_registered_layer(backend, config, options, ordinal);
+      std::unique_ptr<Layer> layer = create_registered_layer(backend, config, options, ordinal);
+      if (all_to_all) return dispatch_over_group(std::move(layer), options.nccl_comm, options.max_tokens_per_rank, {});
+      return options.nccl_comm ? reduce_over_group(std::move(layer), options.nccl_comm) : std::move(layer);
     }
     const std::string arch = options.arch.empty() ? arch_for(info) : options.arch;
     refuse_during_capture(context);
@@ -85,7 +99,13 @@ std::unique_ptr<Layer> create_backend_layer(const MoeConfig& config, const Layer
     if (tiles.empty() && !info.name.empty())
       if (auto tuned = load_tuning(global_cache().disk(), config, arch, info.name)) tiles = std::move(*tuned);
     CompiledLayer compiled = compile_layer(config, arch, global_cache(), {}, tiles);
-    return make_jit_layer(config, std::move(compiled), context, device, retained);
+    std::unique_ptr<Layer> layer = make_jit_layer(config, std::move(compiled), context, device, retained);
+    retained = false;  // the layer releases the primary context now
+    if (!all_to_all) return options.nccl_comm ? reduce_over_group(std::move(layer), options.nccl_comm) : std::move(layer);
+    // Declared after `layer`, so that a throw unloads these before the layer releases the context.
+    std::unique_ptr<ExchangeKernels> exchange =
+        load_exchange_kernels(compile_plan(exchange_plan(config, arch), global_cache()), context, device);
+    return dispatch_over_group(std::move(layer), options.nccl_comm, options.max_tokens_per_rank, std::move(exchange));
   } catch (...) {
     if (retained) d.primary_ctx_release(device);
     throw;

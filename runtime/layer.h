@@ -21,6 +21,12 @@ namespace moejit {
 
 // LayerInputs (the device pointers of one call, SPEC.md's shapes) is in compiler/layer_call.h.
 
+// How a layer with an NCCL communicator finishes its output over the group (docs/EXPERT_PARALLEL.md).
+enum class ExpertParallelMode {
+  AllReduce,  // every rank holds the same tokens; its part of the output is summed over the group
+  AllToAll,   // every rank holds its own tokens, sent to the ranks holding their experts and back
+};
+
 struct LayerOptions {
   std::string arch;      // empty: the current device's
   int device = -1;       // -1: the current context's device, else device 0
@@ -31,6 +37,16 @@ struct LayerOptions {
   // forward() and experts() then end with their sum over it (expert parallel's all_reduce mode,
   // runtime/reduced_layer.h), on the caller's stream. Null: the output is this rank's part alone.
   void* nccl_comm = nullptr;
+  // With nccl_comm: AllReduce (above), or AllToAll (runtime/dispatched_layer.h): forward() and
+  // experts() take this rank's own tokens (T may differ by rank, 0 included, and every rank of the
+  // group must make each call), send each token's row to the ranks that hold its experts, run the
+  // local experts on what arrives and add the returned sums, so the output is the whole layer's for
+  // this rank's tokens. The communicator then has ep_size ranks, rank i being ep_rank i; tp_size 1.
+  ExpertParallelMode ep_mode = ExpertParallelMode::AllReduce;
+  // AllToAll: the most tokens a call may take on any rank (C, the same on every rank): each rank
+  // sends every other one a slab of C rows whatever the routing (no host synchronization). Required
+  // (> 0) for AllToAll, 0 otherwise.
+  int64_t max_tokens_per_rank = 0;
 };
 
 class Layer {

@@ -61,6 +61,15 @@ int moejit_layer_create(const char* config, const char* overrides_json, moejit_l
  * moejit_layer_create. */
 int moejit_layer_create_in_group(const char* config, const char* overrides_json, void* nccl_comm,
                                  moejit_layer** out);
+/* As moejit_layer_create_in_group, in the all_to_all mode of expert parallel: each rank passes its
+ * own tokens (T in [0, max_tokens_per_rank], which may differ by rank), and moejit_layer_forward /
+ * moejit_layer_experts send each token's row to the ranks holding its experts and add the returned
+ * sums, so the output is the whole layer's for this rank's tokens. Every rank of the communicator
+ * must make each call. nccl_comm has ep_size ranks, rank i being the layer's ep_rank i; tp_size 1;
+ * max_tokens_per_rank (the same on every rank) sizes the exchange's fixed slabs and the workspace
+ * (runtime/dispatched_layer.h). A rank given more tokens serves the others, then returns 2. */
+int moejit_layer_create_all_to_all(const char* config, const char* overrides_json, void* nccl_comm,
+                                   int64_t max_tokens_per_rank, moejit_layer** out);
 void moejit_layer_destroy(moejit_layer* layer);
 
 /* Workspace bytes for up to max_tokens tokens. */

@@ -42,6 +42,10 @@ NcclLibrary load_nccl_library(const std::string& path, bool knob_set) {
   resolve(handle, path, "ncclCommUserRank", nccl.comm_user_rank);
   resolve(handle, path, "ncclCommCuDevice", nccl.comm_cu_device);
   resolve(handle, path, "ncclAllReduce", nccl.all_reduce);
+  resolve(handle, path, "ncclGroupStart", nccl.group_start);
+  resolve(handle, path, "ncclGroupEnd", nccl.group_end);
+  resolve(handle, path, "ncclSend", nccl.send);
+  resolve(handle, path, "ncclRecv", nccl.recv);
   resolve(handle, path, "ncclCommInitAll", nccl.comm_init_all);
   resolve(handle, path, "ncclCommDestroy", nccl.comm_destroy);
   if (nccl.get_version(&nccl.version) != nccl::kSuccess || nccl.version < 20000) {
@@ -89,6 +93,15 @@ const NcclLibrary& nccl_library() {
   static const Loaded loaded = load_once();
   if (const auto* why = std::get_if<std::string>(&loaded)) throw Error(*why);
   return std::get<NcclLibrary>(loaded);
+}
+
+int nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::BF16: return nccl::kBfloat16;
+    case DType::FP16: return nccl::kFloat16;
+    case DType::FP32: return nccl::kFloat32;
+  }
+  throw Error("moejit internal error: a dtype NCCL has no type for");
 }
 
 void check_nccl(int result, const char* what) {

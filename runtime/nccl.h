@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <string>
 
+#include "compiler/moe_config.h"
+
 struct ncclComm;  // NCCL's opaque communicator (nccl.h's ncclComm_t is a pointer to it)
 
 namespace moejit {
@@ -20,6 +22,7 @@ using Comm = ::ncclComm*;  // ncclComm_t: the caller's communicator
 // ncclResult_t, ncclDataType_t and ncclRedOp_t are C enums: int-sized.
 constexpr int kSuccess = 0;     // ncclSuccess
 constexpr int kInProgress = 7;  // ncclInProgress (a non-blocking communicator still working)
+constexpr int kInt32 = 2;       // ncclInt32
 constexpr int kFloat16 = 6;     // ncclFloat16
 constexpr int kFloat32 = 7;     // ncclFloat32
 constexpr int kBfloat16 = 9;    // ncclBfloat16
@@ -39,6 +42,12 @@ struct NcclLibrary {
   int (*comm_cu_device)(nccl::Comm comm, int* device) = nullptr;
   int (*all_reduce)(const void* send, void* recv, size_t count, int datatype, int op, nccl::Comm comm,
                     CUstream stream) = nullptr;
+  // The all_to_all mode's exchanges (NCCL 2.7 and later): point-to-point sends and receives,
+  // grouped so that they run as one operation.
+  int (*group_start)() = nullptr;
+  int (*group_end)() = nullptr;
+  int (*send)(const void* buffer, size_t count, int datatype, int peer, nccl::Comm comm, CUstream stream) = nullptr;
+  int (*recv)(void* buffer, size_t count, int datatype, int peer, nccl::Comm comm, CUstream stream) = nullptr;
   // moejit never creates a communicator; the GPU tests make single-process ones with these.
   int (*comm_init_all)(nccl::Comm* comms, int count, const int* devices) = nullptr;
   int (*comm_destroy)(nccl::Comm comm) = nullptr;
@@ -59,6 +68,9 @@ void close_nccl_library(NcclLibrary& nccl);
 // what failed: the library not found (and how to point moejit at one), a symbol missing, or a
 // version before 2.0. The outcome is kept: a later call fails the same way without retrying.
 const NcclLibrary& nccl_library();
+
+// NCCL's data type of a model dtype.
+int nccl_type(DType dtype);
 
 // Throws Error "<what>: NCCL error <n> (<NCCL's message>)" unless result is ncclSuccess; for
 // ncclInProgress it says that moejit needs a blocking communicator (NCCL's default).

@@ -9,15 +9,6 @@
 namespace moejit {
 namespace {
 
-int nccl_type(DType dtype) {
-  switch (dtype) {
-    case DType::BF16: return nccl::kBfloat16;
-    case DType::FP16: return nccl::kFloat16;
-    case DType::FP32: return nccl::kFloat32;
-  }
-  throw Error("moejit internal error: a dtype NCCL has no type for");
-}
-
 class ReducedLayer final : public Layer {
  public:
   ReducedLayer(std::unique_ptr<Layer> inner, nccl::Comm comm) : inner_(std::move(inner)), comm_(comm) {

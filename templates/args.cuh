@@ -106,4 +106,34 @@ struct CombineArgs {
   long long tokens;
 };
 
+
+// Expert parallel's all_to_all exchange (exchange.cuh, runtime/dispatched_layer.h): slabs of
+// `capacity` rows per destination rank; row r * capacity + c of a slab array is rank r's row c.
+struct ExchangeSlotsArgs {
+  const int* topk_ids;       // [T, K] global experts (an id outside [0, E) goes nowhere)
+  long long tokens;          // T <= capacity
+  long long capacity;        // C
+  int* slot_of;              // [T, ranks]: token t's row in rank r's slab, or -1 (not sent there)
+  int* source;               // [ranks * C]: the token a send row carries, or -1 (unused row)
+};
+
+struct ExchangePackArgs {
+  const void* hidden;        // [T, H] dtype
+  const int* topk_ids;       // [T, K]
+  const float* topk_weights; // [T, K]
+  const int* source;         // [ranks * C] (ExchangeSlotsArgs::source)
+  void* send_rows;           // [ranks * C, H] dtype: the token's row, zeros in an unused row
+  int* send_ids;             // [ranks * C, K]: the token's ids, -1 in an unused row
+  float* send_weights;       // [ranks * C, K]: the token's weights, 0 in an unused row
+};
+
+struct ExchangeCombineArgs {
+  const void* returned;      // [ranks * C, H] dtype: each rank's weighted sums of the rows it got
+  const int* slot_of;        // [T, ranks]
+  const void* residual;      // [T, H] dtype or null
+  void* out;                 // [T, H] dtype
+  long long tokens;          // T
+  long long capacity;        // C
+};
+
 }  // namespace moejit

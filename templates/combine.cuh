@@ -15,11 +15,6 @@
 
 namespace moejit {
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
 template <typename Spec>
 __device__ void combine_tokens(const CombineArgs& args) {
   constexpr int K = Spec::kTopk, VEC = Spec::kVec;

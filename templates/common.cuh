@@ -27,6 +27,13 @@ struct e4m3 {
 
 constexpr float kFloatMax = 3.402823466e+38f;
 
+// N elements moved as one access (16 bytes when sizeof(T) * N == 16): the row copies and sums of
+// the combine and the expert-parallel exchange.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }

@@ -27,24 +27,6 @@
 namespace moejit {
 namespace {
 
-// A communicator of the stub: its ranks, this rank and its device in one number.
-void* stub_comm(int ranks, int rank, int device) {
-  return reinterpret_cast<void*>(static_cast<uintptr_t>(ranks << 16 | rank << 8 | device));
-}
-
-std::vector<StubAllReduce> stub_calls() {
-  void* stub = dlopen(MOEJIT_NCCL_STUB, RTLD_NOW | RTLD_NOLOAD);
-  if (!stub) return {};
-  auto calls = reinterpret_cast<int (*)(const StubAllReduce**)>(dlsym(stub, "moejit_nccl_stub_calls"));
-  auto reset = reinterpret_cast<void (*)()>(dlsym(stub, "moejit_nccl_stub_reset"));
-  const StubAllReduce* first = nullptr;
-  const int n = calls(&first);
-  std::vector<StubAllReduce> out(first, first + n);
-  reset();
-  dlclose(stub);
-  return out;
-}
-
 // Records what the decorator passes; computes nothing.
 class FakeLayer final : public Layer {
  public:
@@ -146,8 +128,9 @@ TEST(ReducedLayer, EachCallSumsTheOutputInPlaceAndRankZeroAloneAddsTheResidual) 
           layer->forward(stream, 7, in, &output, nullptr, 0);
         EXPECT_EQ(inner.seen_tokens, 7);
         EXPECT_EQ(inner.seen_residual, rank == 0 ? &residual : nullptr) << "experts: " << experts;
-        const std::vector<StubAllReduce> calls = stub_calls();
+        const std::vector<StubCall> calls = stub_calls();
         ASSERT_EQ(calls.size(), 1u) << "experts: " << experts;
+        EXPECT_STREQ(calls[0].function, "ncclAllReduce");
         EXPECT_EQ(calls[0].send, &output);
         EXPECT_EQ(calls[0].recv, &output);
         EXPECT_EQ(calls[0].count, 7u * 24u);

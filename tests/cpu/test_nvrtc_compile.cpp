@@ -6,8 +6,11 @@
 #include <regex>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "compiler/codegen.h"
 #include "common/knobs.h"
+#include "compiler/families/exchange.h"
 #include "compiler/layer_compiler.h"
 #include "compiler/nvrtc_compiler.h"
 #include "compiler/planner.h"
@@ -132,6 +135,40 @@ TEST(Nvrtc, TopkAboveExpertsCompiles) {
     ASSERT_NO_THROW(compiled = compile_unit(unit, options));
     expect_lean_kernels(compiled);
   }
+}
+
+// The all_to_all exchange's unit (compiler/families/exchange.h) compiles lean with its three entry
+// points: every dtype, 16-byte and element rows (H odd), one rank to a group wider than a block's
+// threads (a rank per expert: DeepSeek-V3 at ep_size 256), on both archs.
+TEST(Nvrtc, ExchangeUnitCompilesLean) {
+  struct Shape {
+    const char* preset;
+    DType dtype;
+    int64_t hidden;
+    int ep_size;
+  };
+  for (const Shape& s : {Shape{"deepseek-v3", DType::BF16, 7168, 8}, Shape{"qwen3-30b-a3b", DType::FP16, 2049, 1},
+                         Shape{"mixtral-8x7b", DType::FP32, 4096, 2}, Shape{"deepseek-v3", DType::BF16, 7168, 256}})
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      SCOPED_TRACE(fmt::format("{} {} H={} ep_size={} {}", s.preset, to_string(s.dtype), s.hidden, s.ep_size, arch));
+      MoeConfig c = preset(s.preset);
+      c.dtype = s.dtype;
+      c.router_dtype = DType::FP32;
+      c.hidden = s.hidden;
+      c.ep_size = s.ep_size;
+      ASSERT_TRUE(validation_errors(c).empty()) << validation_errors(c)[0];
+      const Plan plan = exchange_plan(c, arch);
+      ASSERT_EQ(plan.kernels.size(), 3u);
+      const KernelSource source = generate(plan);
+      ASSERT_EQ(source.units.size(), 1u);
+      EXPECT_EQ(source.units[0].name, "exchange");
+      CompileOptions options = compile_options_for(arch);
+      options.repro_dir.clear();
+      CompiledUnit compiled;
+      ASSERT_NO_THROW(compiled = compile_unit(source.units[0], options));
+      for (const auto& entry : source.units[0].entries) EXPECT_NE(compiled.cubin.find(entry), std::string::npos) << entry;
+      expect_lean_kernels(compiled);
+    }
 }
 
 // The tiles autotune times besides the planner's (tile_candidates), on sm_90a where wgmma and

@@ -14,34 +14,16 @@
 #include "common/error.h"
 #include "configs.h"
 #include "harness.h"
+#include "nccl_groups.h"
 #include "runtime/moejit.h"
 #include "runtime/nccl.h"
 
 namespace moejit::test {
 namespace {
 
-// A communicator of one rank on the current device, destroyed with the test.
-class OneRankCommunicator {
- public:
-  OneRankCommunicator() {
-    int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    check_nccl(nccl_library().comm_init_all(&comm_, 1, &device), "ncclCommInitAll");
-  }
-  ~OneRankCommunicator() {
-    if (comm_) nccl_library().comm_destroy(comm_);
-  }
-  OneRankCommunicator(const OneRankCommunicator&) = delete;
-  OneRankCommunicator& operator=(const OneRankCommunicator&) = delete;
-  nccl::Comm get() const { return comm_; }
-
- private:
-  nccl::Comm comm_ = nullptr;
-};
-
 TEST(NcclGroup, OneRankSumIsTheLayersOwnOutput) {
   const MoeConfig c = small_config(16, 4, 264, 136, DType::BF16);
-  OneRankCommunicator group;
+  Communicators group(1);
   auto plain = Layer::create(c);
   LayerOptions options;
   options.nccl_comm = group.get();
@@ -68,7 +50,7 @@ TEST(NcclGroup, OneRankSumIsTheLayersOwnOutput) {
 
 TEST(NcclGroup, TheAllReduceIsCapturedWithTheLayer) {
   const MoeConfig c = small_config(16, 4, 264, 136, DType::FP16);
-  OneRankCommunicator group;
+  Communicators group(1);
   LayerOptions options;
   options.nccl_comm = group.get();
   auto layer = Layer::create(c, options);
@@ -109,7 +91,7 @@ TEST(NcclGroup, TheAllReduceIsCapturedWithTheLayer) {
 }
 
 TEST(NcclGroup, ACommunicatorOfAnotherSizeIsRefused) {
-  OneRankCommunicator group;
+  Communicators group(1);
   MoeConfig c = small_config(16, 4, 264, 136, DType::BF16);
   c.ep_size = 2;
   c.ep_rank = 1;

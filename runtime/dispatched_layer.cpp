@@ -1,0 +1,286 @@
+#include "runtime/dispatched_layer.h"
+
+#include <exception>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "compiler/workspace.h"
+#include "runtime/layer_checks.h"
+#include "runtime/nccl.h"
+
+namespace moejit {
+namespace {
+
+constexpr int64_t kAlign = 256;
+
+int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+class DispatchedLayer final : public Layer {
+ public:
+  DispatchedLayer(std::unique_ptr<Layer> inner, nccl::Comm comm, int64_t capacity,
+                  std::unique_ptr<ExchangeKernels> kernels)
+      : inner_(std::move(inner)), kernels_(std::move(kernels)), comm_(comm), capacity_(capacity) {
+    check_nccl(nccl_library().comm_user_rank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(nccl_library().comm_count(comm_, &ranks_), "ncclCommCount");
+    rows_ = int64_t{ranks_} * capacity_;
+    layout_ = dispatch_workspace(config(), capacity_, inner_->workspace_bytes(rows_));
+  }
+
+  const MoeConfig& config() const override { return inner_->config(); }
+  const Plan* plan() const override { return inner_->plan(); }
+
+  // Fixed by C: every call moves and computes C rows per rank whatever its T.
+  size_t workspace_bytes(int64_t max_tokens) const override {
+    check_token_count(config(), max_tokens, "max_tokens");
+    if (max_tokens > capacity_) throw InvalidInput(over_capacity("max_tokens", max_tokens));
+    return static_cast<size_t>(layout_.total_bytes);
+  }
+
+  // moejit's kernels of a forward: the routing of this rank's tokens, slots and pack, the local
+  // experts on ep_size * C rows, the combine (the exchanges' kernels are NCCL's). With T == 0 the
+  // call still serves the other ranks.
+  int launches(int64_t tokens) const override {
+    if (tokens < 0 || tokens > capacity_) return 0;
+    const Plan& plan = *inner_->plan();
+    const int route = tokens > 0 ? plan_call(plan, Entry::Route, tokens).count : 0;
+    return route + 2 + plan_call(plan, Entry::Experts, rows_).count + (tokens > 0 ? 1 : 0);
+  }
+
+  // The inner layer's JSON object with the group and the exchange added.
+  std::string describe() const override {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(inner_->describe());
+    j["all_to_all"] = {{"nccl_ranks", ranks_},
+                       {"nccl_rank", rank_},
+                       {"nccl_version", nccl_library().version},
+                       {"max_tokens_per_rank", capacity_},
+                       {"rows_per_call", rows_}};
+    return j.dump();
+  }
+
+  void forward(void* stream, int64_t tokens, const LayerInputs& in, void* output, void* workspace,
+               size_t workspace_size) const override {
+    const int64_t own = own_tokens(tokens);
+    check_forward_routing_arguments(config(), own, in);
+    if (config().router_gemm) throw Error("moejit internal error: an all_to_all layer with router_gemm");
+    char* ws = check_call(own, in, output, workspace, workspace_size);
+    auto* weights = reinterpret_cast<float*>(ws + layout_.topk_weights);
+    auto* ids = reinterpret_cast<int*>(ws + layout_.topk_ids);
+    if (own > 0) inner_->route(stream, own, in.router_logits, in.e_score_correction_bias, weights, ids);
+    exchange(static_cast<CUstream>(stream), own, ids, weights, in, output, ws);
+    if (own != tokens) throw InvalidInput(over_capacity("tokens", tokens));
+  }
+
+  void route(void* stream, int64_t tokens, const void* router_logits, const float* e_score_correction_bias,
+             float* topk_weights, int* topk_ids) const override {
+    // A rank's own tokens, routed where they are: nothing crosses the group.
+    inner_->route(stream, tokens, router_logits, e_score_correction_bias, topk_weights, topk_ids);
+  }
+
+  void experts(void* stream, int64_t tokens, const int* topk_ids, const float* topk_weights, const LayerInputs& in,
+               void* output, void* workspace, size_t workspace_size) const override {
+    const int64_t own = own_tokens(tokens);
+    if (own > 0) {
+      check_pointer(topk_ids, "topk_ids", 4);
+      check_pointer(topk_weights, "topk_weights", 4);
+    }
+    char* ws = check_call(own, in, output, workspace, workspace_size);
+    exchange(static_cast<CUstream>(stream), own, topk_ids, topk_weights, in, output, ws);
+    if (own != tokens) throw InvalidInput(over_capacity("tokens", tokens));
+  }
+
+ private:
+  std::string over_capacity(const char* field, int64_t tokens) const {
+    return fmt::format("{}: {} is more than max_tokens_per_rank = {}, the slab every rank of the all_to_all group "
+                       "sends each other rank{}",
+                       field, tokens, capacity_,
+                       std::string(field) == "tokens"
+                           ? "; this call computed nothing for this rank's tokens (it served the other ranks' "
+                             "rows, so their calls complete)"
+                           : "");
+  }
+
+  // The tokens this rank sends: T, or none when T is over the capacity (the call still serves).
+  int64_t own_tokens(int64_t tokens) const {
+    check_tokens(config(), tokens);
+    return tokens > capacity_ ? 0 : tokens;
+  }
+
+  // Every check before the first launch, so that a refused call launches nothing (the other ranks
+  // then wait in the exchange: a refusal is the caller's bug, and NCCL's timeout ends them). The
+  // local experts' arguments are checked here too, on the buffers they will get.
+  char* check_call(int64_t own, const LayerInputs& in, void* output, void* workspace, size_t workspace_size) const {
+    if (own > 0) {
+      check_pointer(in.hidden, "hidden", 16);
+      check_pointer(output, "output", 16);
+      if (in.residual) check_pointer(in.residual, "residual", 16);
+    }
+    check_pointer(workspace, "workspace", static_cast<size_t>(kAlign));
+    if (workspace_size < static_cast<size_t>(layout_.total_bytes))
+      throw InvalidInput(fmt::format("workspace_size: {} bytes is less than the {} bytes an all_to_all call needs "
+                                     "(workspace_bytes(); fixed by max_tokens_per_rank = {})",
+                                     workspace_size, layout_.total_bytes, capacity_));
+    char* ws = static_cast<char*>(workspace);
+    check_expert_arguments(config(), rows_, local_inputs(in, ws), ws + layout_.partial, ws + layout_.inner,
+                           static_cast<size_t>(layout_.inner_bytes));
+    return ws;
+  }
+
+  // The local experts' inputs: the received rows, this rank's weights, no residual (added once,
+  // by the token's own rank, in the combine).
+  LayerInputs local_inputs(const LayerInputs& in, char* ws) const {
+    LayerInputs local = in;
+    local.hidden = ws + layout_.recv_rows;
+    local.router_logits = nullptr;
+    local.residual = nullptr;
+    return local;
+  }
+
+  void exchange(CUstream stream, int64_t own, const int* ids, const float* weights, const LayerInputs& in,
+                void* output, char* ws) const {
+    const auto at = [ws](int64_t offset) { return ws + offset; };
+    kernels_->slots(stream, ExchangeSlotsArgs{ids, own, capacity_, reinterpret_cast<int*>(at(layout_.slot_of)),
+                                              reinterpret_cast<int*>(at(layout_.source))});
+    kernels_->pack(stream,
+                   ExchangePackArgs{in.hidden, ids, weights, reinterpret_cast<const int*>(at(layout_.source)),
+                                    at(layout_.send_rows), reinterpret_cast<int*>(at(layout_.send_ids)),
+                                    reinterpret_cast<float*>(at(layout_.send_weights))},
+                   capacity_);
+    const int64_t H = config().hidden, K = config().topk;
+    const int64_t row_bytes = H * static_cast<int64_t>(dtype_bytes(config().dtype));
+    const int row_type = nccl_type(config().dtype);
+    send_and_receive(stream,
+                     {{at(layout_.send_rows), at(layout_.recv_rows), row_bytes, H, row_type},
+                      {at(layout_.send_ids), at(layout_.recv_ids), K * 4, K, nccl::kInt32},
+                      {at(layout_.send_weights), at(layout_.recv_weights), K * 4, K, nccl::kFloat32}},
+                     "the dispatch of the tokens' rows, top-k ids and weights");
+    inner_->experts(stream, rows_, reinterpret_cast<const int*>(at(layout_.recv_ids)),
+                    reinterpret_cast<const float*>(at(layout_.recv_weights)), local_inputs(in, ws), at(layout_.partial),
+                    at(layout_.inner), static_cast<size_t>(layout_.inner_bytes));
+    // The sums go back into send_rows, which the dispatch no longer needs.
+    send_and_receive(stream, {{at(layout_.partial), at(layout_.send_rows), row_bytes, H, row_type}},
+                     "the combine's return of the experts' sums");
+    kernels_->combine(stream, ExchangeCombineArgs{at(layout_.send_rows),
+                                                  reinterpret_cast<const int*>(at(layout_.slot_of)), in.residual,
+                                                  output, own, capacity_});
+  }
+
+  // One slab array: rank r's slab is C rows of row_bytes from r * C rows on.
+  struct Slabs {
+    const char* send;
+    char* recv;
+    int64_t row_bytes;
+    int64_t row_count;  // elements of `type` in a row
+    int type;
+  };
+
+  // Every slab to its rank and every rank's slab in, as one NCCL group (one launch). The group is
+  // always closed, even when a call in it fails, so that the communicator stays usable.
+  void send_and_receive(CUstream stream, std::initializer_list<Slabs> arrays, const char* what) const {
+    const NcclLibrary& nccl = nccl_library();
+    check_nccl(nccl.group_start(), fmt::format("ncclGroupStart ({})", what).c_str());
+    int failed = nccl::kSuccess;
+    const char* failed_call = "";
+    for (const Slabs& a : arrays)
+      for (int peer = 0; peer < ranks_ && failed == nccl::kSuccess; ++peer) {
+        const int64_t offset = int64_t{peer} * capacity_ * a.row_bytes;
+        const size_t count = static_cast<size_t>(capacity_ * a.row_count);
+        failed = nccl.send(a.send + offset, count, a.type, peer, comm_, stream);
+        failed_call = "ncclSend";
+        if (failed == nccl::kSuccess) {
+          failed = nccl.recv(a.recv + offset, count, a.type, peer, comm_, stream);
+          failed_call = "ncclRecv";
+        }
+      }
+    const int ended = nccl.group_end();
+    check_nccl(failed, fmt::format("{} ({}, all_to_all over {} ranks)", failed_call, what, ranks_).c_str());
+    check_nccl(ended, fmt::format("ncclGroupEnd ({}, all_to_all over {} ranks)", what, ranks_).c_str());
+  }
+
+  std::unique_ptr<Layer> inner_;
+  std::unique_ptr<ExchangeKernels> kernels_;  // destroyed before inner_ (which may hold the context)
+  nccl::Comm comm_;
+  int64_t capacity_;
+  int rank_ = 0, ranks_ = 1;
+  int64_t rows_ = 0;
+  DispatchWorkspace layout_;
+};
+
+}  // namespace
+
+void check_dispatch_group(const MoeConfig& config, void* nccl_comm, int ordinal, int64_t capacity) {
+  const int64_t most = max_layer_tokens(config) / config.ep_size;
+  if (capacity < 1 || capacity > most)
+    throw InvalidInput(fmt::format("max_tokens_per_rank: {} is outside 1..{}: ep_mode all_to_all needs the most "
+                                   "tokens a call may take on a rank, and runs the local experts on ep_size * "
+                                   "max_tokens_per_rank rows ({} x {} pairs must stay below 2^31)",
+                                   capacity, most, config.ep_size, config.topk));
+  if (config.tp_size != 1)
+    throw InvalidInput(fmt::format("tp_size: {}; ep_mode all_to_all needs tp_size 1 (a token's row goes to the "
+                                   "one rank that holds each of its experts whole); use all_reduce",
+                                   config.tp_size));
+  if (config.router_gemm)
+    throw InvalidInput("router_gemm: true; ep_mode all_to_all routes from router_logits before the dispatch, and "
+                       "does not run the router GEMM yet (compute the logits beside the layer, or use all_reduce)");
+  if (config.fuse_shared_experts)
+    throw InvalidInput("fuse_shared_experts: true; ep_mode all_to_all does not run fused shared experts yet (pass "
+                       "them through residual, or use all_reduce)");
+  const NcclLibrary& nccl = nccl_library();
+  const auto comm = static_cast<nccl::Comm>(nccl_comm);
+  int ranks = 0, rank = -1, device = -1;
+  check_nccl(nccl.comm_count(comm, &ranks), "ncclCommCount (nccl_comm)");
+  check_nccl(nccl.comm_user_rank(comm, &rank), "ncclCommUserRank (nccl_comm)");
+  check_nccl(nccl.comm_cu_device(comm, &device), "ncclCommCuDevice (nccl_comm)");
+  if (ranks != config.ep_size)
+    throw InvalidInput(fmt::format("nccl_comm: the communicator has {} ranks; ep_mode all_to_all needs ep_size = {} "
+                                   "(a rank per expert slice)",
+                                   ranks, config.ep_size));
+  if (rank != config.ep_rank)
+    throw InvalidInput(fmt::format("nccl_comm: this is rank {} of the communicator but the config has ep_rank {}; "
+                                   "ep_mode all_to_all sends expert e's rows to rank e / E_loc, so the two must be "
+                                   "equal",
+                                   rank, config.ep_rank));
+  if (device != ordinal)
+    throw InvalidInput(fmt::format("nccl_comm: the communicator is on device {}, the layer on device {}", device,
+                                   ordinal));
+}
+
+DispatchWorkspace dispatch_workspace(const MoeConfig& config, int64_t capacity, size_t inner_bytes) {
+  const int64_t ranks = config.ep_size, rows = ranks * capacity, K = config.topk;
+  const int64_t row_bytes = config.hidden * static_cast<int64_t>(dtype_bytes(config.dtype));
+  DispatchWorkspace w;
+  int64_t end = 0;
+  const auto take = [&end](int64_t bytes) {
+    const int64_t offset = end;
+    end = align_up(offset + bytes);
+    return offset;
+  };
+  w.inner_bytes = static_cast<int64_t>(inner_bytes);
+  w.inner = take(w.inner_bytes);
+  w.topk_weights = take(capacity * K * 4);
+  w.topk_ids = take(capacity * K * 4);
+  w.slot_of = take(capacity * ranks * 4);
+  w.source = take(rows * 4);
+  w.send_rows = take(rows * row_bytes);
+  w.send_ids = take(rows * K * 4);
+  w.send_weights = take(rows * K * 4);
+  w.recv_rows = take(rows * row_bytes);
+  w.recv_ids = take(rows * K * 4);
+  w.recv_weights = take(rows * K * 4);
+  w.partial = take(rows * row_bytes);
+  w.total_bytes = end;
+  return w;
+}
+
+std::unique_ptr<Layer> dispatch_over_group(std::unique_ptr<Layer> layer, void* nccl_comm, int64_t capacity,
+                                           std::unique_ptr<ExchangeKernels> kernels) {
+  if (!layer->plan())
+    throw InvalidInput("ep_mode: all_to_all runs moejit's exchange kernels and experts() on the received rows; "
+                       "this device's backend plans no kernels (use all_reduce)");
+  return std::make_unique<DispatchedLayer>(std::move(layer), static_cast<nccl::Comm>(nccl_comm), capacity,
+                                           std::move(kernels));
+}
+
+}  // namespace moejit
