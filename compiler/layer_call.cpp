@@ -40,7 +40,7 @@ Grid grid_of(const LaunchRule& rule, const CallPlan& call) {
 
 }  // namespace
 
-CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
+CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens, bool quantized_hidden) {
   const LayerSpec& c = plan.spec;
   CallPlan call;
   call.entry = entry;
@@ -73,7 +73,9 @@ CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens) {
       add_role(KernelRole::IndexScatter);
     }
     const bool quantized = is_quantized(c.quant);
-    if (quantized) add_role(KernelRole::QuantizeExpand);
+    if (quantized_hidden && (entry != Entry::Experts || !is_fp8(c.quant)))
+      throw Error("moejit internal error: quantized hidden rows outside an fp8 layer's experts()");
+    if (quantized && !quantized_hidden) add_role(KernelRole::QuantizeExpand);
     add(KernelRole::Gemm1, call.bucket->gemm1_kernel);
     if (quantized && !gemm1_quantizes_output(c, call.bucket->gemm1)) add_role(KernelRole::QuantizeAct);
     add(KernelRole::Gemm2, call.bucket->gemm2_kernel);

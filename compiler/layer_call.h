@@ -37,6 +37,11 @@ struct LayerInputs {
   const float* w13_bias = nullptr;       // [E_loc, N1] (gate rows, then up rows)
   const float* w2_bias = nullptr;        // [E_loc, H]
   const void* residual = nullptr;        // [T, H] dtype, optional (shared experts' output)
+  // fp8 layers' experts() only: hidden given already quantized, [T, H] float8_e4m3fn with these
+  // scales ([T, ceil(H/128)] for fp8_block, [T] for fp8_tensor), as the layer's own stage 3 makes them
+  // (a row quantized once per token, so the result is the same bit for bit); stage 3 is then skipped.
+  // What expert parallel's fp8 dispatch delivers (runtime/dispatched_layer.h). Null: hidden is dtype.
+  const float* hidden_scale = nullptr;
 };
 
 // The layer's entry points (runtime/layer.h): the whole layer, stage 1 alone, stages 2-6 on a
@@ -74,9 +79,10 @@ struct CallPlan {
 };
 
 // The launches `entry` makes for `tokens` (> 0) tokens: routing and index fused into one launch for
-// small batches, the bucket's GEMMs, the quantized layers' quantizations; grids by each kernel's
-// launch rule.
-CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens);
+// small batches, the bucket's GEMMs, the quantized layers' quantizations (stage 3's not when
+// `quantized_hidden`: an fp8 layer's experts() given quantized rows, LayerInputs::hidden_scale);
+// grids by each kernel's launch rule.
+CallPlan plan_call(const Plan& plan, Entry entry, int64_t tokens, bool quantized_hidden = false);
 
 // Every buffer of one call. topk_weights / topk_ids: the caller's outputs (Route), the workspace's
 // (Forward) or the caller's routing (Experts, read only).

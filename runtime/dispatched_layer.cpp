@@ -1,12 +1,15 @@
 #include "runtime/dispatched_layer.h"
 
+#include <algorithm>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "compiler/families/exchange.h"
 #include "compiler/workspace.h"
 #include "runtime/layer_checks.h"
 #include "runtime/nccl.h"
@@ -22,7 +25,12 @@ class DispatchedLayer final : public Layer {
  public:
   DispatchedLayer(std::unique_ptr<Layer> inner, nccl::Comm comm, int64_t capacity,
                   std::unique_ptr<ExchangeKernels> kernels)
-      : inner_(std::move(inner)), kernels_(std::move(kernels)), comm_(comm), capacity_(capacity) {
+      : inner_(std::move(inner)),
+        kernels_(std::move(kernels)),
+        comm_(comm),
+        capacity_(capacity),
+        fp8_(is_fp8(inner_->config().quant)),
+        groups_(exchange_scale_groups(inner_->config())) {
     check_nccl(nccl_library().comm_user_rank(comm_, &rank_), "ncclCommUserRank");
     check_nccl(nccl_library().comm_count(comm_, &ranks_), "ncclCommCount");
     rows_ = int64_t{ranks_} * capacity_;
@@ -39,14 +47,14 @@ class DispatchedLayer final : public Layer {
     return static_cast<size_t>(layout_.total_bytes);
   }
 
-  // moejit's kernels of a forward: the routing of this rank's tokens, slots and pack, the local
-  // experts on ep_size * C rows, the combine (the exchanges' kernels are NCCL's). With T == 0 the
-  // call still serves the other ranks.
+  // moejit's kernels of a forward: the routing of this rank's tokens (fp8: and their quantization),
+  // slots and pack, the local experts on ep_size * C rows, the combine (the exchanges' kernels are
+  // NCCL's). With T == 0 the call still serves the other ranks.
   int launches(int64_t tokens) const override {
     if (tokens < 0 || tokens > capacity_) return 0;
     const Plan& plan = *inner_->plan();
-    const int route = tokens > 0 ? plan_call(plan, Entry::Route, tokens).count : 0;
-    return route + 2 + plan_call(plan, Entry::Experts, rows_).count + (tokens > 0 ? 1 : 0);
+    const int own = tokens > 0 ? plan_call(plan, Entry::Route, tokens).count + (fp8_ ? 1 : 0) + 1 : 0;
+    return own + 2 + plan_call(plan, Entry::Experts, rows_, fp8_).count;
   }
 
   // The inner layer's JSON object with the group and the exchange added.
@@ -56,7 +64,8 @@ class DispatchedLayer final : public Layer {
                        {"nccl_rank", rank_},
                        {"nccl_version", nccl_library().version},
                        {"max_tokens_per_rank", capacity_},
-                       {"rows_per_call", rows_}};
+                       {"rows_per_call", rows_},
+                       {"rows_sent_as", fp8_ ? "e4m3" : std::string(to_string(config().dtype))}};
     return j.dump();
   }
 
@@ -86,6 +95,9 @@ class DispatchedLayer final : public Layer {
       check_pointer(topk_ids, "topk_ids", 4);
       check_pointer(topk_weights, "topk_weights", 4);
     }
+    if (in.hidden_scale)
+      throw InvalidInput("hidden_scale: an all_to_all layer takes hidden in the model dtype (an fp8 layer quantizes "
+                         "the rows itself before the dispatch)");
     char* ws = check_call(own, in, output, workspace, workspace_size);
     exchange(static_cast<CUstream>(stream), own, topk_ids, topk_weights, in, output, ws);
     if (own != tokens) throw InvalidInput(over_capacity("tokens", tokens));
@@ -128,11 +140,12 @@ class DispatchedLayer final : public Layer {
     return ws;
   }
 
-  // The local experts' inputs: the received rows, this rank's weights, no residual (added once,
-  // by the token's own rank, in the combine).
+  // The local experts' inputs: the received rows (fp8: quantized, with their scales), this rank's
+  // weights, no residual (added once, by the token's own rank, in the combine).
   LayerInputs local_inputs(const LayerInputs& in, char* ws) const {
     LayerInputs local = in;
     local.hidden = ws + layout_.recv_rows;
+    local.hidden_scale = fp8_ ? reinterpret_cast<const float*>(ws + layout_.recv_scales) : nullptr;
     local.router_logits = nullptr;
     local.residual = nullptr;
     return local;
@@ -141,21 +154,33 @@ class DispatchedLayer final : public Layer {
   void exchange(CUstream stream, int64_t own, const int* ids, const float* weights, const LayerInputs& in,
                 void* output, char* ws) const {
     const auto at = [ws](int64_t offset) { return ws + offset; };
+    auto* quantized_scale = reinterpret_cast<float*>(at(layout_.quantized_scale));
+    if (fp8_)
+      kernels_->quantize(stream,
+                         QuantizeArgs{in.hidden, nullptr, nullptr, nullptr, 0, nullptr,
+                                      reinterpret_cast<signed char*>(at(layout_.quantized)), quantized_scale},
+                         own);
     kernels_->slots(stream, ExchangeSlotsArgs{ids, own, capacity_, reinterpret_cast<int*>(at(layout_.slot_of)),
                                               reinterpret_cast<int*>(at(layout_.source))});
     kernels_->pack(stream,
-                   ExchangePackArgs{in.hidden, ids, weights, reinterpret_cast<const int*>(at(layout_.source)),
-                                    at(layout_.send_rows), reinterpret_cast<int*>(at(layout_.send_ids)),
+                   ExchangePackArgs{fp8_ ? at(layout_.quantized) : in.hidden, fp8_ ? quantized_scale : nullptr, ids,
+                                    weights, reinterpret_cast<const int*>(at(layout_.source)), at(layout_.send_rows),
+                                    fp8_ ? reinterpret_cast<float*>(at(layout_.send_scales)) : nullptr,
+                                    reinterpret_cast<int*>(at(layout_.send_ids)),
                                     reinterpret_cast<float*>(at(layout_.send_weights))},
                    capacity_);
     const int64_t H = config().hidden, K = config().topk;
     const int64_t row_bytes = H * static_cast<int64_t>(dtype_bytes(config().dtype));
     const int row_type = nccl_type(config().dtype);
-    send_and_receive(stream,
-                     {{at(layout_.send_rows), at(layout_.recv_rows), row_bytes, H, row_type},
-                      {at(layout_.send_ids), at(layout_.recv_ids), K * 4, K, nccl::kInt32},
-                      {at(layout_.send_weights), at(layout_.recv_weights), K * 4, K, nccl::kFloat32}},
-                     "the dispatch of the tokens' rows, top-k ids and weights");
+    std::vector<Slabs> dispatch = {
+        fp8_ ? Slabs{at(layout_.send_rows), at(layout_.recv_rows), H, H, nccl::kUint8}
+             : Slabs{at(layout_.send_rows), at(layout_.recv_rows), row_bytes, H, row_type},
+        {at(layout_.send_ids), at(layout_.recv_ids), K * 4, K, nccl::kInt32},
+        {at(layout_.send_weights), at(layout_.recv_weights), K * 4, K, nccl::kFloat32}};
+    if (fp8_) dispatch.push_back({at(layout_.send_scales), at(layout_.recv_scales), groups_ * 4, groups_, nccl::kFloat32});
+    send_and_receive(stream, dispatch,
+                     fp8_ ? "the dispatch of the tokens' fp8 rows, top-k ids, weights and row scales"
+                          : "the dispatch of the tokens' rows, top-k ids and weights");
     inner_->experts(stream, rows_, reinterpret_cast<const int*>(at(layout_.recv_ids)),
                     reinterpret_cast<const float*>(at(layout_.recv_weights)), local_inputs(in, ws), at(layout_.partial),
                     at(layout_.inner), static_cast<size_t>(layout_.inner_bytes));
@@ -178,7 +203,7 @@ class DispatchedLayer final : public Layer {
 
   // Every slab to its rank and every rank's slab in, as one NCCL group (one launch). The group is
   // always closed, even when a call in it fails, so that the communicator stays usable.
-  void send_and_receive(CUstream stream, std::initializer_list<Slabs> arrays, const char* what) const {
+  void send_and_receive(CUstream stream, const std::vector<Slabs>& arrays, const char* what) const {
     const NcclLibrary& nccl = nccl_library();
     check_nccl(nccl.group_start(), fmt::format("ncclGroupStart ({})", what).c_str());
     int failed = nccl::kSuccess;
@@ -203,6 +228,8 @@ class DispatchedLayer final : public Layer {
   std::unique_ptr<ExchangeKernels> kernels_;  // destroyed before inner_ (which may hold the context)
   nccl::Comm comm_;
   int64_t capacity_;
+  bool fp8_;  // rows travel quantized, with groups_ scales each
+  int64_t groups_;
   int rank_ = 0, ranks_ = 1;
   int64_t rows_ = 0;
   DispatchWorkspace layout_;
@@ -248,8 +275,10 @@ void check_dispatch_group(const MoeConfig& config, void* nccl_comm, int ordinal,
 }
 
 DispatchWorkspace dispatch_workspace(const MoeConfig& config, int64_t capacity, size_t inner_bytes) {
-  const int64_t ranks = config.ep_size, rows = ranks * capacity, K = config.topk;
+  const int64_t ranks = config.ep_size, rows = ranks * capacity, K = config.topk, G = exchange_scale_groups(config);
   const int64_t row_bytes = config.hidden * static_cast<int64_t>(dtype_bytes(config.dtype));
+  // What a dispatched row is: fp8 layers send e4m3 bytes.
+  const int64_t sent_bytes = is_fp8(config.quant) ? config.hidden : row_bytes;
   DispatchWorkspace w;
   int64_t end = 0;
   const auto take = [&end](int64_t bytes) {
@@ -261,14 +290,18 @@ DispatchWorkspace dispatch_workspace(const MoeConfig& config, int64_t capacity, 
   w.inner = take(w.inner_bytes);
   w.topk_weights = take(capacity * K * 4);
   w.topk_ids = take(capacity * K * 4);
+  w.quantized = take(G > 0 ? capacity * config.hidden : 0);
+  w.quantized_scale = take(capacity * G * 4);
   w.slot_of = take(capacity * ranks * 4);
   w.source = take(rows * 4);
-  w.send_rows = take(rows * row_bytes);
+  w.send_rows = take(rows * std::max(sent_bytes, row_bytes));  // the returned sums land here too
   w.send_ids = take(rows * K * 4);
   w.send_weights = take(rows * K * 4);
-  w.recv_rows = take(rows * row_bytes);
+  w.send_scales = take(rows * G * 4);
+  w.recv_rows = take(rows * sent_bytes);
   w.recv_ids = take(rows * K * 4);
   w.recv_weights = take(rows * K * 4);
+  w.recv_scales = take(rows * G * 4);
   w.partial = take(rows * row_bytes);
   w.total_bytes = end;
   return w;

@@ -3,7 +3,9 @@
 // its top-k ids and weights) once to every rank that holds one of its experts, runs this rank's
 // experts on the rows that arrived, sends the weighted sums back, and adds each token's returns to
 // its residual in rank order (fp32, rounded once), so the output is the whole layer's for this
-// rank's tokens and a call is bitwise reproducible.
+// rank's tokens and a call is bitwise reproducible. fp8 layers send the rows quantized (e4m3 with
+// their scales, by the layer's own stage-3 kernel: what the receiving rank's GEMM 1 would have
+// quantized itself), about half the bytes of bf16; the sums return in the model dtype.
 //
 // The exchanges are NCCL grouped sends and receives on the caller's stream, in fixed slabs of C =
 // max_tokens_per_rank rows per pair of ranks: no count leaves the device, so a call never
@@ -38,11 +40,13 @@ struct DispatchWorkspace {
   int64_t inner = 0;                     // the local experts' call on ep_size * C rows (at 0)
   int64_t inner_bytes = 0;
   int64_t topk_weights = 0, topk_ids = 0;  // [C, K]: forward's routing of this rank's tokens
+  int64_t quantized = 0, quantized_scale = 0;  // fp8: [C, H] e4m3 and [C, G] fp32, the rank's rows
+                                               // quantized (G = exchange_scale_groups; empty otherwise)
   int64_t slot_of = 0;                   // [C, ep_size]
   int64_t source = 0;                    // [ep_size * C]
-  int64_t send_rows = 0, send_ids = 0, send_weights = 0;  // [ep_size * C, H | K | K]; send_rows then
-                                                          // receives the returned sums
-  int64_t recv_rows = 0, recv_ids = 0, recv_weights = 0;
+  int64_t send_rows = 0, send_ids = 0, send_weights = 0, send_scales = 0;  // [ep_size * C, H | K | K | G];
+                                    // send_rows then receives the returned sums (model dtype rows)
+  int64_t recv_rows = 0, recv_ids = 0, recv_weights = 0, recv_scales = 0;
   int64_t partial = 0;                   // [ep_size * C, H]: the local experts' sums, sent back
   int64_t total_bytes = 0;
 };

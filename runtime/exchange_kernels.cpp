@@ -14,6 +14,9 @@ class JitExchangeKernels final : public ExchangeKernels {
   JitExchangeKernels(CompiledLayer compiled, CUcontext context, CUdevice device)
       : loaded_(std::move(compiled), context, device) {}
 
+  void quantize(CUstream stream, const QuantizeArgs& args, int64_t tokens) const override {
+    if (tokens > 0) launch(stream, KernelRole::QuantizeExpand, &args, 0, tokens);
+  }
   void slots(CUstream stream, const ExchangeSlotsArgs& args) const override {
     launch(stream, KernelRole::ExchangeSlots, &args, 0, args.tokens);
   }

@@ -16,6 +16,8 @@ namespace moejit {
 class ExchangeKernels {
  public:
   virtual ~ExchangeKernels() = default;
+  // fp8 layers: `tokens` rows of hidden quantized as the layer's stage 3 does (none when 0).
+  virtual void quantize(CUstream stream, const QuantizeArgs& args, int64_t tokens) const = 0;
   // ep_size blocks: slot_of and source from the tokens' top-k ids.
   virtual void slots(CUstream stream, const ExchangeSlotsArgs& args) const = 0;
   // ep_size * capacity rows: the send slabs.

@@ -114,7 +114,7 @@ class JitLayer final : public Layer {
     }
     const WorkspaceOffsets offsets = check_expert_arguments(config_, tokens, in, output, workspace, workspace_size);
     if (tokens == 0) return;
-    const CallPlan call = plan_call(loaded_->plan(), Entry::Experts, tokens);
+    const CallPlan call = plan_call(loaded_->plan(), Entry::Experts, tokens, in.hidden_scale != nullptr);
     CallBuffers b = expert_buffers(call, offsets, in, output, workspace);
     // The caller's routing: the kernels of Entry::Experts only read it.
     b.topk_weights = const_cast<float*>(topk_weights);

@@ -38,6 +38,8 @@ void check_routing_arguments(const LayerSpec& c, int64_t tokens, const void* log
 }
 
 void check_forward_routing_arguments(const LayerSpec& c, int64_t tokens, const LayerInputs& in) {
+  if (in.hidden_scale)
+    throw InvalidInput("hidden_scale: forward() quantizes hidden itself; quantized hidden rows are for experts()");
   if (!c.router_gemm) {
     if (in.gate_weight)
       throw InvalidInput(
@@ -89,8 +91,13 @@ WorkspaceOffsets check_expert_arguments(const LayerSpec& c, int64_t tokens, cons
     for (auto [bias, name] : {std::pair{in.w13_bias, "w13_bias"}, std::pair{in.w2_bias, "w2_bias"}})
       if (bias) throw InvalidInput(fmt::format("{}: given, but this layer has no expert biases (expert_bias false)", name));
   }
+  if (in.hidden_scale && !is_fp8(c.quant))
+    throw InvalidInput(fmt::format("hidden_scale: given, but only fp8 layers take quantized hidden rows (this layer's "
+                                   "quant is {}); pass hidden in the model dtype and no hidden_scale",
+                                   to_string(c.quant)));
   if (tokens == 0) return {};
   check_pointer(in.hidden, "hidden", 16);
+  if (in.hidden_scale) check_pointer(in.hidden_scale, "hidden_scale", 4);
   check_pointer(output, "output", 16);
   if (in.residual && !aligned(in.residual, 16))
     throw InvalidInput(fmt::format("residual: pointer {} is not 16-byte aligned", in.residual));

@@ -22,14 +22,16 @@ void check_routing_arguments(const LayerSpec& spec, int64_t tokens, const void* 
 // A layer belongs to the device it was created for: a call on a stream of another device's
 // context is refused (InvalidInput naming both), not run with that device's memory and tiles.
 // forward()'s routing inputs: router_logits (router_gemm false) or gate_weight (router_gemm true),
-// never both; gate_bias exactly for router_bias layers (element-aligned); the correction bias.
+// never both; gate_bias exactly for router_bias layers (element-aligned); the correction bias; no
+// hidden_scale (quantized rows are for experts()).
 void check_forward_routing_arguments(const LayerSpec& spec, int64_t tokens, const LayerInputs& in);
 
 void check_call_device(int layer_device, int stream_device);
 
 // Stages 2-6's inputs, output and workspace. Returns the workspace layout for `tokens` (which the
 // size check computes anyway; empty for tokens == 0). With no tokens the per-token pointers
-// (hidden, output, residual, workspace) may be null; the weights and scales are checked always.
+// (hidden, output, residual, workspace) may be null; the weights and scales are checked always;
+// hidden_scale only for fp8 layers.
 WorkspaceOffsets check_expert_arguments(const LayerSpec& spec, int64_t tokens, const LayerInputs& in,
                                         const void* output, const void* workspace, size_t workspace_size);
 

@@ -22,6 +22,7 @@ using Comm = ::ncclComm*;  // ncclComm_t: the caller's communicator
 // ncclResult_t, ncclDataType_t and ncclRedOp_t are C enums: int-sized.
 constexpr int kSuccess = 0;     // ncclSuccess
 constexpr int kInProgress = 7;  // ncclInProgress (a non-blocking communicator still working)
+constexpr int kUint8 = 1;       // ncclUint8
 constexpr int kInt32 = 2;       // ncclInt32
 constexpr int kFloat16 = 6;     // ncclFloat16
 constexpr int kFloat32 = 7;     // ncclFloat32

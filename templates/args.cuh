@@ -118,11 +118,13 @@ struct ExchangeSlotsArgs {
 };
 
 struct ExchangePackArgs {
-  const void* hidden;        // [T, H] dtype
+  const void* hidden;        // [T, H] dtype, or e4m3 (fp8 layers: the rows quantized)
+  const float* scales;       // fp8: [T, groups], the quantized rows' scales; else null
   const int* topk_ids;       // [T, K]
   const float* topk_weights; // [T, K]
   const int* source;         // [ranks * C] (ExchangeSlotsArgs::source)
-  void* send_rows;           // [ranks * C, H] dtype: the token's row, zeros in an unused row
+  void* send_rows;           // [ranks * C, H] as hidden: the token's row, zeros in an unused row
+  float* send_scales;        // fp8: [ranks * C, groups], 0 in an unused row; else null
   int* send_ids;             // [ranks * C, K]: the token's ids, -1 in an unused row
   float* send_weights;       // [ranks * C, K]: the token's weights, 0 in an unused row
 };

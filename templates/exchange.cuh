@@ -8,12 +8,15 @@
 //                     tokens before t that also go to r (a stable order, so a call is bitwise
 //                     reproducible); unused rows are marked -1.
 //   exchange_pack     one block per send row (by column blocks): the token's hidden row, top-k ids
-//                     and weights, or zeros / -1 / 0 in an unused row, which selects no expert.
+//                     and weights, or zeros / -1 / 0 in an unused row, which selects no expert. fp8
+//                     layers send the rows quantized (e4m3, by the layer's own stage-3 kernel, run
+//                     before: quantize.cuh) with their kScaleGroups scales.
 //   exchange_combine  one block per token (by column blocks): out[t] = residual[t] + the returned
 //                     sums of the ranks it went to, in fp32, rank 0 first, rounded once.
 //
-// Spec: using Row; kHidden, kTopk, kLocalExperts (E_loc: rank r holds experts r * E_loc ..),
-// kRanks, kThreads (a multiple of 32), kVec (1, or 16 / sizeof(Row) when H allows).
+// Spec: using Row (pack: what is sent, the model dtype or e4m3; combine: the model dtype); kHidden,
+// kTopk, kLocalExperts (E_loc: rank r holds experts r * E_loc ..), kRanks, kThreads (a multiple of
+// 32), kVec (1, or 16 / sizeof(Row) when H allows), kScaleGroups (pack: scales per fp8 row, else 0).
 #pragma once
 
 #include "moejit/common.cuh"
@@ -69,19 +72,25 @@ __device__ void exchange_pack(const ExchangePackArgs& args) {
   using Row = typename Spec::Row;
   const long long row = blockIdx.x;
   const int t = args.source[row];
-  if (blockIdx.y == 0 && threadIdx.x < K) {
-    args.send_ids[row * K + threadIdx.x] = t >= 0 ? args.topk_ids[static_cast<long long>(t) * K + threadIdx.x] : -1;
-    args.send_weights[row * K + threadIdx.x] =
-        t >= 0 ? args.topk_weights[static_cast<long long>(t) * K + threadIdx.x] : 0.0f;
+  constexpr int GROUPS = Spec::kScaleGroups;
+  if (blockIdx.y == 0) {
+    if (threadIdx.x < K) {
+      args.send_ids[row * K + threadIdx.x] = t >= 0 ? args.topk_ids[static_cast<long long>(t) * K + threadIdx.x] : -1;
+      args.send_weights[row * K + threadIdx.x] =
+          t >= 0 ? args.topk_weights[static_cast<long long>(t) * K + threadIdx.x] : 0.0f;
+    }
+    for (int g = threadIdx.x; g < GROUPS; g += Spec::kThreads)
+      args.send_scales[row * GROUPS + g] = t >= 0 ? args.scales[static_cast<long long>(t) * GROUPS + g] : 0.0f;
   }
   const long long h = (static_cast<long long>(blockIdx.y) * Spec::kThreads + threadIdx.x) * VEC;
   if (h >= H) return;
   Vec<Row, VEC> v;
   if (t >= 0) {
     v = *reinterpret_cast<const Vec<Row, VEC>*>(static_cast<const Row*>(args.hidden) + t * H + h);
-  } else {
+  } else {  // all-zero bits: +0 in every type sent (bf16, fp16, fp32, e4m3)
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(&v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) v.v[i] = from_float<Row>(0.0f);
+    for (int i = 0; i < static_cast<int>(sizeof(v)); ++i) bytes[i] = 0;
   }
   *reinterpret_cast<Vec<Row, VEC>*>(static_cast<Row*>(args.send_rows) + row * H + h) = v;
 }

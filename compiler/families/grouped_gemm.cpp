@@ -260,8 +260,10 @@ GemmArgs gemm1_args(const CallContext& x) {
   const WorkspaceOffsets& o = b.offsets;
   const bool quantized = is_quantized(x.spec.quant);
   const bool quantize_out = gemm1_quantizes_output(x.spec, x.call.bucket->gemm1);
-  return GemmArgs{quantized ? b.at<char>(o.a_q) : b.in.hidden,
-                  b.at<float>(o.a_scale),
+  // An fp8 layer's experts() given quantized rows (LayerInputs::hidden_scale) gathers them as they are.
+  const bool given = b.in.hidden_scale != nullptr;
+  return GemmArgs{given ? b.in.hidden : quantized ? b.at<char>(o.a_q) : b.in.hidden,
+                  given ? b.in.hidden_scale : b.at<float>(o.a_scale),
                   b.at<int>(o.sorted_pair),
                   b.in.w13,
                   b.in.w13_scale,

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "compiler/families/exchange.h"
 #include "compiler/planner.h"
 #include "nccl_stub.h"
 #include "runtime/dispatched_layer.h"
@@ -86,6 +87,12 @@ class RecordingLayer final : public Layer {
 
 class RecordingKernels final : public ExchangeKernels {
  public:
+  void quantize(CUstream stream, const QuantizeArgs& args, int64_t tokens) const override {
+    note("quantize");
+    quantize_args = args;
+    quantize_tokens = tokens;
+    stream_ = stream;
+  }
   void slots(CUstream stream, const ExchangeSlotsArgs& args) const override {
     note("slots");
     slots_args = args;
@@ -102,12 +109,17 @@ class RecordingKernels final : public ExchangeKernels {
     combine_args = args;
     stream_ = stream;
   }
+  mutable QuantizeArgs quantize_args{};
+  mutable int64_t quantize_tokens = -1;
   mutable ExchangeSlotsArgs slots_args{};
   mutable ExchangePackArgs pack_args{};
   mutable int64_t pack_capacity = 0;
   mutable ExchangeCombineArgs combine_args{};
   mutable CUstream stream_ = nullptr;
 };
+
+// An fp8_block layer (2 scale groups a row: H = 256).
+MoeConfig fp8_config_of(int ep_size, int ep_rank);
 
 MoeConfig config_of(int ep_size, int ep_rank) {
   MoeConfig c;
@@ -118,6 +130,14 @@ MoeConfig config_of(int ep_size, int ep_rank) {
   c.dtype = c.router_dtype = DType::BF16;
   c.ep_size = ep_size;
   c.ep_rank = ep_rank;
+  return c;
+}
+
+MoeConfig fp8_config_of(int ep_size, int ep_rank) {
+  MoeConfig c = config_of(ep_size, ep_rank);
+  c.hidden = 256;
+  c.moe_intermediate = 128;
+  c.quant = Quant::Fp8Block;
   return c;
 }
 
@@ -184,31 +204,45 @@ TEST(DispatchedLayer, LayerCreateRefusesAModeWithoutItsOptions) {
 }
 
 TEST(DispatchedLayer, TheWorkspaceHoldsEveryBufferAlignedAndApart) {
-  const MoeConfig c = config_of(4, 2);
-  const int64_t C = 7, rows = 4 * C, row_bytes = 40 * 2;
-  const DispatchWorkspace w = dispatch_workspace(c, C, 1001);
-  struct Buffer {
-    const char* name;
-    int64_t offset, bytes;
-  };
-  std::vector<Buffer> buffers = {
-      {"inner", w.inner, 1001},           {"topk_weights", w.topk_weights, C * 3 * 4},
-      {"topk_ids", w.topk_ids, C * 3 * 4}, {"slot_of", w.slot_of, C * 4 * 4},
-      {"source", w.source, rows * 4},     {"send_rows", w.send_rows, rows * row_bytes},
-      {"send_ids", w.send_ids, rows * 3 * 4}, {"send_weights", w.send_weights, rows * 3 * 4},
-      {"recv_rows", w.recv_rows, rows * row_bytes}, {"recv_ids", w.recv_ids, rows * 3 * 4},
-      {"recv_weights", w.recv_weights, rows * 3 * 4}, {"partial", w.partial, rows * row_bytes},
-  };
-  EXPECT_EQ(w.inner, 0);
-  EXPECT_EQ(w.inner_bytes, 1001);
-  std::sort(buffers.begin(), buffers.end(), [](const Buffer& a, const Buffer& b) { return a.offset < b.offset; });
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    SCOPED_TRACE(buffers[i].name);
-    EXPECT_EQ(buffers[i].offset % 256, 0);
-    const int64_t end = buffers[i].offset + buffers[i].bytes;
-    EXPECT_LE(end, i + 1 < buffers.size() ? buffers[i + 1].offset : w.total_bytes);
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8_block" : "bf16");
+    const MoeConfig c = fp8 ? fp8_config_of(4, 2) : config_of(4, 2);
+    const int64_t C = 7, rows = 4 * C, H = c.hidden, row_bytes = H * 2, K = 3;
+    const int64_t sent = fp8 ? H : row_bytes, G = fp8 ? 2 : 0;  // fp8: e4m3 rows, 2 scales each
+    const DispatchWorkspace w = dispatch_workspace(c, C, 1001);
+    struct Buffer {
+      const char* name;
+      int64_t offset, bytes;
+    };
+    std::vector<Buffer> buffers = {
+        {"inner", w.inner, 1001},
+        {"topk_weights", w.topk_weights, C * K * 4},
+        {"topk_ids", w.topk_ids, C * K * 4},
+        {"quantized", w.quantized, fp8 ? C * H : 0},
+        {"quantized_scale", w.quantized_scale, C * G * 4},
+        {"slot_of", w.slot_of, C * 4 * 4},
+        {"source", w.source, rows * 4},
+        {"send_rows", w.send_rows, rows * row_bytes},  // the returned sums (model dtype) land here
+        {"send_ids", w.send_ids, rows * K * 4},
+        {"send_weights", w.send_weights, rows * K * 4},
+        {"send_scales", w.send_scales, rows * G * 4},
+        {"recv_rows", w.recv_rows, rows * sent},
+        {"recv_ids", w.recv_ids, rows * K * 4},
+        {"recv_weights", w.recv_weights, rows * K * 4},
+        {"recv_scales", w.recv_scales, rows * G * 4},
+        {"partial", w.partial, rows * row_bytes},
+    };
+    EXPECT_EQ(w.inner, 0);
+    EXPECT_EQ(w.inner_bytes, 1001);
+    std::sort(buffers.begin(), buffers.end(), [](const Buffer& a, const Buffer& b) { return a.offset < b.offset; });
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      SCOPED_TRACE(buffers[i].name);
+      EXPECT_EQ(buffers[i].offset % 256, 0);
+      const int64_t end = buffers[i].offset + buffers[i].bytes;
+      EXPECT_LE(end, i + 1 < buffers.size() ? buffers[i + 1].offset : w.total_bytes);
+    }
+    EXPECT_EQ(w.total_bytes % 256, 0);
   }
-  EXPECT_EQ(w.total_bytes % 256, 0);
 }
 
 // The NCCL calls of one exchange group: start, then per slab array and peer a send and a receive of
@@ -250,23 +284,28 @@ void expect_group(const std::vector<StubCall>& calls, size_t first, const std::v
 struct Fixture {
   static constexpr int kRanks = 4, kRank = 2;
   static constexpr int64_t kCapacity = 6;
-  Fixture() {
-    auto inner_owned = std::make_unique<RecordingLayer>(config_of(kRanks, kRank));
+  explicit Fixture(MoeConfig c = config_of(kRanks, kRank)) : config(std::move(c)) {
+    auto inner_owned = std::make_unique<RecordingLayer>(config);
     auto kernels_owned = std::make_unique<RecordingKernels>();
     inner = inner_owned.get();
     kernels = kernels_owned.get();
     layer = dispatch_over_group(std::move(inner_owned), comm, kCapacity, std::move(kernels_owned));
-    layout = dispatch_workspace(config_of(kRanks, kRank), kCapacity, inner->workspace_bytes(kRanks * kCapacity));
+    layout = dispatch_workspace(config, kCapacity, inner->workspace_bytes(kRanks * kCapacity));
     in.hidden = fake_pointer(1);
     in.router_logits = fake_pointer(2);
     in.w13 = fake_pointer(3);
     in.w2 = fake_pointer(4);
     in.residual = fake_pointer(5);
+    if (is_fp8(config.quant)) {
+      in.w13_scale = fake_pointer<float>(10);
+      in.w2_scale = fake_pointer<float>(11);
+    }
     events.clear();
     (void)stub_calls();
   }
   char* at(int64_t offset) const { return static_cast<char*>(workspace) + offset; }
 
+  MoeConfig config;
   void* comm = stub_comm(kRanks, kRank, 0);
   void* stream = fake_pointer(6);
   void* output = fake_pointer(7);
@@ -287,8 +326,23 @@ void expect_exchange(const Fixture& f, int64_t own, const int* ids, const float*
   EXPECT_EQ(s.capacity, C);
   EXPECT_EQ(s.slot_of, reinterpret_cast<int*>(f.at(f.layout.slot_of)));
   EXPECT_EQ(s.source, reinterpret_cast<int*>(f.at(f.layout.source)));
+  const bool fp8 = is_fp8(f.config.quant);
+  const int64_t H = f.config.hidden, K = f.config.topk, G = exchange_scale_groups(f.config);  // 2 or 1 for fp8
+  const auto& q = f.kernels->quantize_args;
+  if (fp8) {  // the rows quantized first, by the layer's own stage-3 kernel
+    EXPECT_EQ(f.kernels->quantize_tokens, own);
+    EXPECT_EQ(q.src, in.hidden);
+    EXPECT_EQ(q.q, reinterpret_cast<signed char*>(f.at(f.layout.quantized)));
+    EXPECT_EQ(q.scale, reinterpret_cast<float*>(f.at(f.layout.quantized_scale)));
+    EXPECT_EQ(q.sorted_pair, nullptr);
+    EXPECT_EQ(q.smooth, nullptr);
+  } else {
+    EXPECT_EQ(f.kernels->quantize_tokens, -1) << "a 16-bit layer's rows travel as they are";
+  }
   const auto& p = f.kernels->pack_args;
-  EXPECT_EQ(p.hidden, in.hidden);
+  EXPECT_EQ(p.hidden, fp8 ? f.at(f.layout.quantized) : in.hidden);
+  EXPECT_EQ(p.scales, fp8 ? reinterpret_cast<float*>(f.at(f.layout.quantized_scale)) : nullptr);
+  EXPECT_EQ(p.send_scales, fp8 ? reinterpret_cast<float*>(f.at(f.layout.send_scales)) : nullptr);
   EXPECT_EQ(p.topk_ids, ids);
   EXPECT_EQ(p.topk_weights, weights);
   EXPECT_EQ(p.source, s.source);
@@ -299,15 +353,22 @@ void expect_exchange(const Fixture& f, int64_t own, const int* ids, const float*
   EXPECT_EQ(f.kernels->stream_, f.stream);
 
   const std::vector<StubCall> calls = stub_calls();
-  const size_t dispatch_calls = 2 + 3 * Fixture::kRanks * 2, return_calls = 2 + Fixture::kRanks * 2;
+  const size_t arrays = fp8 ? 4 : 3;
+  const size_t dispatch_calls = 2 + arrays * Fixture::kRanks * 2, return_calls = 2 + Fixture::kRanks * 2;
   ASSERT_EQ(calls.size(), dispatch_calls + return_calls);
-  expect_group(calls, 0,
-               {{f.at(f.layout.send_rows), f.at(f.layout.recv_rows), 40, 80, nccl::kBfloat16},
-                {f.at(f.layout.send_ids), f.at(f.layout.recv_ids), 3, 12, nccl::kInt32},
-                {f.at(f.layout.send_weights), f.at(f.layout.recv_weights), 3, 12, nccl::kFloat32}},
-               Fixture::kRanks, C, f.comm, f.stream);
-  // The sums return into send_rows, free once the dispatch is done.
-  expect_group(calls, dispatch_calls, {{f.at(f.layout.partial), f.at(f.layout.send_rows), 40, 80, nccl::kBfloat16}},
+  std::vector<SlabCheck> dispatch = {
+      fp8 ? SlabCheck{f.at(f.layout.send_rows), f.at(f.layout.recv_rows), static_cast<size_t>(H), H, nccl::kUint8}
+          : SlabCheck{f.at(f.layout.send_rows), f.at(f.layout.recv_rows), static_cast<size_t>(H), 2 * H,
+                      nccl::kBfloat16},
+      {f.at(f.layout.send_ids), f.at(f.layout.recv_ids), static_cast<size_t>(K), 4 * K, nccl::kInt32},
+      {f.at(f.layout.send_weights), f.at(f.layout.recv_weights), static_cast<size_t>(K), 4 * K, nccl::kFloat32}};
+  if (fp8)
+    dispatch.push_back(
+        {f.at(f.layout.send_scales), f.at(f.layout.recv_scales), static_cast<size_t>(G), 4 * G, nccl::kFloat32});
+  expect_group(calls, 0, dispatch, Fixture::kRanks, C, f.comm, f.stream);
+  // The sums return in the model dtype into send_rows, free once the dispatch is done.
+  expect_group(calls, dispatch_calls,
+               {{f.at(f.layout.partial), f.at(f.layout.send_rows), static_cast<size_t>(H), 2 * H, nccl::kBfloat16}},
                Fixture::kRanks, C, f.comm, f.stream);
 
   const auto& e = f.inner->experts_call;
@@ -316,6 +377,7 @@ void expect_exchange(const Fixture& f, int64_t own, const int* ids, const float*
   EXPECT_EQ(e.ids, reinterpret_cast<const int*>(f.at(f.layout.recv_ids)));
   EXPECT_EQ(e.weights, reinterpret_cast<const float*>(f.at(f.layout.recv_weights)));
   EXPECT_EQ(e.in.hidden, f.at(f.layout.recv_rows));
+  EXPECT_EQ(e.in.hidden_scale, fp8 ? reinterpret_cast<const float*>(f.at(f.layout.recv_scales)) : nullptr);
   EXPECT_EQ(e.in.w13, in.w13);
   EXPECT_EQ(e.in.w2, in.w2);
   EXPECT_EQ(e.in.residual, nullptr) << "the residual is added once, by the token's own rank";
@@ -334,10 +396,11 @@ void expect_exchange(const Fixture& f, int64_t own, const int* ids, const float*
 
 // The order: this rank's kernels before any NCCL call, the local experts between the two groups,
 // the combine after both.
-void expect_order(bool routed) {
-  const size_t dispatch_calls = 2 + 3 * Fixture::kRanks * 2, all = dispatch_calls + 2 + Fixture::kRanks * 2;
+void expect_order(bool routed, bool fp8 = false) {
+  const size_t dispatch_calls = 2 + (fp8 ? 4 : 3) * Fixture::kRanks * 2, all = dispatch_calls + 2 + Fixture::kRanks * 2;
   std::vector<std::pair<std::string, size_t>> want;
   if (routed) want.push_back({"route", 0});
+  if (fp8) want.push_back({"quantize", 0});
   for (auto e : std::vector<std::pair<std::string, size_t>>{
            {"slots", 0}, {"pack", 0}, {"experts", dispatch_calls}, {"combine", all}})
     want.push_back(e);
@@ -359,6 +422,29 @@ TEST(DispatchedLayer, AForwardRoutesDispatchesComputesReturnsAndCombines) {
   EXPECT_EQ(r.weights, reinterpret_cast<float*>(f.at(f.layout.topk_weights)));
   EXPECT_EQ(r.ids, reinterpret_cast<int*>(f.at(f.layout.topk_ids)));
   expect_exchange(f, 5, r.ids, r.weights, f.in);
+}
+
+TEST(DispatchedLayer, AnFp8LayerSendsItsRowsQuantizedWithTheirScales) {
+  for (Quant quant : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    SCOPED_TRACE(to_string(quant));
+    MoeConfig c = fp8_config_of(Fixture::kRanks, Fixture::kRank);
+    c.quant = quant;
+    Fixture f(c);
+    f.layer->forward(f.stream, 5, f.in, f.output, f.workspace, f.layout.total_bytes);
+    expect_order(true, true);
+    const auto& r = f.inner->route_call;
+    expect_exchange(f, 5, r.ids, r.weights, f.in);
+    const nlohmann::json described = nlohmann::json::parse(f.layer->describe());
+    EXPECT_EQ(described["all_to_all"]["rows_sent_as"], "e4m3") << described;
+    // Quantized hidden rows of the caller's own are refused: the layer quantizes them itself.
+    LayerInputs given = f.in;
+    given.hidden_scale = fake_pointer<float>(12);
+    expect_refused([&] { f.layer->experts(f.stream, 5, r.ids, r.weights, given, f.output, f.workspace,
+                                          f.layout.total_bytes); },
+                   "hidden_scale: an all_to_all layer takes hidden in the model dtype");
+    expect_refused([&] { f.layer->forward(f.stream, 5, given, f.output, f.workspace, f.layout.total_bytes); },
+                   "hidden_scale: forward() quantizes hidden itself");
+  }
 }
 
 TEST(DispatchedLayer, ExpertsExchangesTheCallersRouting) {
@@ -423,7 +509,7 @@ TEST(DispatchedLayer, TheWorkspaceAndLaunchesFollowTheCapacity) {
   EXPECT_EQ(described.value("backend", ""), "recording") << described;
   EXPECT_EQ(described["all_to_all"],
             (nlohmann::json{{"nccl_ranks", 4}, {"nccl_rank", 2}, {"nccl_version", 22800},
-                            {"max_tokens_per_rank", 6}, {"rows_per_call", 24}}))
+                            {"max_tokens_per_rank", 6}, {"rows_per_call", 24}, {"rows_sent_as", "bf16"}}))
       << described;
 }
 

@@ -236,6 +236,44 @@ TEST(LayerCall, Fp8FamiliesPackTheQuantizedBuffers) {
   EXPECT_EQ(plan_workspace(c, 3).at("a_scale").bytes, 3 * 4);
 }
 
+// An fp8 layer's experts() given quantized rows (LayerInputs::hidden_scale) skips stage 3, and GEMM 1
+// gathers the caller's bytes and scales; a quantized-rows call of any other entry or layer is a bug.
+TEST(LayerCall, Fp8ExpertsOnQuantizedRowsSkipStageThree) {
+  for (Quant q : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    SCOPED_TRACE(to_string(q));
+    MoeConfig c = preset("deepseek-v3");
+    c.quant = q;
+    const Plan plan = make_plan(c, "sm_90a");
+    for (int64_t T : {3, 700}) {
+      std::vector<KernelRole> want = roles(plan_call(plan, Entry::Experts, T));
+      want.erase(std::find(want.begin(), want.end(), R::QuantizeExpand));
+      EXPECT_EQ(roles(plan_call(plan, Entry::Experts, T, true)), want) << T;
+    }
+    std::vector<char> storage(static_cast<size_t>(workspace_offsets(c, 3).total_bytes));
+    int scratch[4];
+    float row_scales[8];
+    CallBuffers b;
+    b.in.hidden = &scratch[0];
+    b.in.hidden_scale = row_scales;
+    b.in.w13 = &scratch[1];
+    b.workspace = storage.data();
+    b.offsets = workspace_offsets(c, 3);
+    const CallPlan call = plan_call(plan, Entry::Experts, 3, true);
+    const CallContext context{c, c.placement(), call, b};
+    const auto gemm1 = std::find_if(call.begin(), call.end(), [](const CallStep& s) { return s.role == R::Gemm1; });
+    ASSERT_NE(gemm1, call.end());
+    const auto& a = std::get<GemmArgs>(pack_args(*gemm1, context));
+    EXPECT_EQ(a.a, b.in.hidden);
+    EXPECT_EQ(a.a_scale, row_scales);
+  }
+  MoeConfig w8a8 = preset("glm-4.5-air");
+  w8a8.quant = Quant::W8A8Int8;
+  EXPECT_THROW(plan_call(make_plan(w8a8, "sm_90a"), Entry::Experts, 3, true), Error);
+  MoeConfig fp8 = preset("deepseek-v3");
+  fp8.quant = Quant::Fp8Block;
+  EXPECT_THROW(plan_call(make_plan(fp8, "sm_90a"), Entry::Forward, 3, true), Error);
+}
+
 // fp8_block's prefill GEMM 1 (128 output columns a tile: whole scale groups) quantizes its own
 // output: no re-quantization launch, e4m3 rows and their scales straight into act_q / act_scale.
 // Decode tiles (64 columns) and an I that is no multiple of 128 keep the fp32 rows and the kernel.

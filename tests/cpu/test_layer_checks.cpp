@@ -1,10 +1,13 @@
 // runtime/layer_checks.h: the refusals every layer call makes before a launch: the device check
 // with faked device indices (one GPU cannot show a second device's context; the GPU tier shows the
-// same device's contexts are accepted), and forward()'s router inputs (logits, or the gate weight
-// and, for router_bias layers, the router's bias), which are checked on pointers alone.
+// same device's contexts are accepted), forward()'s router inputs (logits, or the gate weight
+// and, for router_bias layers, the router's bias), and quantized hidden rows (hidden_scale: fp8
+// layers' experts() only), which are checked on pointers alone.
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 #include "compiler/moe_config.h"
@@ -71,6 +74,53 @@ TEST(LayerChecks, TheRoutersBiasIsGivenExactlyForRouterBiasLayers) {
   EXPECT_NE(with_logits.find("gate_bias: given, but this layer takes the caller's router_logits (router_gemm false)"),
             std::string::npos)
       << with_logits;
+}
+
+// Quantized hidden rows (LayerInputs::hidden_scale): an fp8 layer's experts() takes them (the scales
+// 4-byte aligned); any other layer's experts(), and every forward(), refuses them by name.
+TEST(LayerChecks, OnlyAnFp8LayersExpertsTakeQuantizedRows) {
+  alignas(256) static unsigned char buffer[1 << 16];
+  LayerSpec fp8 = preset("deepseek-v3");
+  fp8.experts = 8;
+  fp8.num_expert_group = fp8.topk_group = 1;
+  fp8.topk = 2;
+  fp8.hidden = 256;
+  fp8.moe_intermediate = 128;
+  fp8.quant = Quant::Fp8Block;
+  LayerInputs in;
+  in.hidden = in.w13 = in.w2 = buffer;
+  in.w13_scale = in.w2_scale = reinterpret_cast<const float*>(buffer);
+  in.hidden_scale = reinterpret_cast<const float*>(buffer + 16);
+  const auto experts_refusal = [&](const LayerSpec& spec, const LayerInputs& inputs) -> std::string {
+    try {
+      check_expert_arguments(spec, 3, inputs, buffer, buffer, sizeof buffer);
+    } catch (const InvalidInput& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(experts_refusal(fp8, in), "");
+  fp8.quant = Quant::Fp8Tensor;
+  EXPECT_EQ(experts_refusal(fp8, in), "");
+  LayerInputs odd = in;
+  odd.hidden_scale = reinterpret_cast<const float*>(buffer + 2);
+  EXPECT_NE(experts_refusal(fp8, odd).find("hidden_scale: pointer"), std::string::npos) << experts_refusal(fp8, odd);
+  for (Quant q : {Quant::None, Quant::W8A8Int8}) {
+    LayerSpec other = fp8;
+    other.quant = q;
+    LayerInputs with_smooth = in;
+    with_smooth.input_smooth = with_smooth.act_smooth = reinterpret_cast<const float*>(buffer);
+    EXPECT_NE(experts_refusal(other, with_smooth).find(fmt::format(
+                  "hidden_scale: given, but only fp8 layers take quantized hidden rows (this layer's quant is {})",
+                  to_string(q))),
+              std::string::npos)
+        << experts_refusal(other, with_smooth);
+  }
+  LayerInputs routed = in;
+  routed.router_logits = buffer;
+  routed.e_score_correction_bias = reinterpret_cast<const float*>(buffer);
+  EXPECT_EQ(refusal(fp8, routed), "hidden_scale: forward() quantizes hidden itself; quantized hidden rows are for "
+                                  "experts()");
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST(Nccl, AMissingLibraryOrOneThatIsNotNcclIsAClearError) {
 TEST(Nccl, TheDeclaredConstantsAreNcclHs) {
 #ifdef MOEJIT_NCCL_HEADER
   static_assert(nccl::kSuccess == ncclSuccess && nccl::kInProgress == ncclInProgress);
-  static_assert(nccl::kInt32 == ncclInt32);
+  static_assert(nccl::kUint8 == ncclUint8 && nccl::kInt32 == ncclInt32);
   static_assert(nccl::kFloat16 == ncclFloat16 && nccl::kFloat32 == ncclFloat32 && nccl::kBfloat16 == ncclBfloat16);
   static_assert(nccl::kSum == ncclSum);
   static_assert(std::is_same_v<nccl::Comm, ncclComm_t>);

@@ -137,28 +137,34 @@ TEST(Nvrtc, TopkAboveExpertsCompiles) {
   }
 }
 
-// The all_to_all exchange's unit (compiler/families/exchange.h) compiles lean with its three entry
-// points: every dtype, 16-byte and element rows (H odd), one rank to a group wider than a block's
-// threads (a rank per expert: DeepSeek-V3 at ep_size 256), on both archs.
+// The all_to_all exchange's unit (compiler/families/exchange.h) compiles lean with its entry points:
+// every dtype, 16-byte and element rows (H odd), one rank to a group wider than a block's threads (a
+// rank per expert: DeepSeek-V3 at ep_size 256), fp8 layers' quantized rows (the unit then holds
+// the layer's stage-3 kernel too), on both archs.
 TEST(Nvrtc, ExchangeUnitCompilesLean) {
   struct Shape {
     const char* preset;
     DType dtype;
     int64_t hidden;
     int ep_size;
+    Quant quant = Quant::None;
   };
   for (const Shape& s : {Shape{"deepseek-v3", DType::BF16, 7168, 8}, Shape{"qwen3-30b-a3b", DType::FP16, 2049, 1},
-                         Shape{"mixtral-8x7b", DType::FP32, 4096, 2}, Shape{"deepseek-v3", DType::BF16, 7168, 256}})
+                         Shape{"mixtral-8x7b", DType::FP32, 4096, 2}, Shape{"deepseek-v3", DType::BF16, 7168, 256},
+                         Shape{"deepseek-v3", DType::BF16, 7168, 8, Quant::Fp8Block},
+                         Shape{"qwen3-30b-a3b", DType::BF16, 2048, 4, Quant::Fp8Tensor}})
     for (const char* arch : {"sm_80", "sm_90a"}) {
-      SCOPED_TRACE(fmt::format("{} {} H={} ep_size={} {}", s.preset, to_string(s.dtype), s.hidden, s.ep_size, arch));
+      SCOPED_TRACE(fmt::format("{} {} H={} ep_size={} {} {}", s.preset, to_string(s.dtype), s.hidden, s.ep_size,
+                               to_string(s.quant), arch));
       MoeConfig c = preset(s.preset);
       c.dtype = s.dtype;
       c.router_dtype = DType::FP32;
       c.hidden = s.hidden;
       c.ep_size = s.ep_size;
+      c.quant = s.quant;
       ASSERT_TRUE(validation_errors(c).empty()) << validation_errors(c)[0];
       const Plan plan = exchange_plan(c, arch);
-      ASSERT_EQ(plan.kernels.size(), 3u);
+      ASSERT_EQ(plan.kernels.size(), s.quant == Quant::None ? 3u : 4u);
       const KernelSource source = generate(plan);
       ASSERT_EQ(source.units.size(), 1u);
       EXPECT_EQ(source.units[0].name, "exchange");

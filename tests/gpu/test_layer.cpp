@@ -209,6 +209,46 @@ TEST(Sanitize, W8a8Int8Wgmma) { sanitize_config(eight_bit_config(Quant::W8A8Int8
 
 TEST(Sanitize, Fp8BlockWgmma) { sanitize_config(eight_bit_config(Quant::Fp8Block), {7, 40, 700}, true); }
 
+// experts() given the rows already quantized (LayerInputs::hidden_scale: what expert parallel's fp8
+// dispatch delivers) skips stage 3 and gives the output of experts() on the model-dtype rows bit for
+// bit: the rows are the bytes and scales the layer's own stage 3 wrote (read back from a forward's
+// workspace), and stage 3 quantizes each token's row once, whatever its experts.
+TEST(Fp8, ExpertsOnTheLayersOwnQuantizedRowsIsTheLayer) {
+  for (Quant quant : {Quant::Fp8Block, Quant::Fp8Tensor}) {
+    const MoeConfig c = eight_bit_config(quant);
+    auto layer = Layer::create(c);
+    Seeds seeds;
+    Stream stream;
+    for (int64_t T : {1, 40, 700}) {
+      SCOPED_TRACE(fmt::format("{} T = {}", to_string(quant), T));
+      Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+      DeviceInputs in = upload(p);
+      const GpuRun forward = run_forward(*layer, in, T, stream.get());
+      ASSERT_TRUE(check_run(p, forward));
+      const GpuRun plain = run_experts(*layer, in, T, forward.topk_ids, forward.topk_weights, stream.get());
+      const int64_t groups = activation_scale_groups(c, c.hidden);
+      const std::vector<uint8_t> q = forward.raw(forward.offsets.a_q, static_cast<size_t>(T * c.hidden));
+      const std::vector<uint8_t> scale = forward.raw(forward.offsets.a_scale, static_cast<size_t>(T * groups * 4));
+      DeviceBuffer d_q(q.size()), d_scale(scale.size());
+      d_q.upload(q.data(), q.size());
+      d_scale.upload(scale.data(), scale.size());
+      DeviceInputs quantized = upload(p);
+      quantized.hidden = std::move(d_q);
+      LayerInputs rows = quantized.inputs();
+      rows.hidden_scale = d_scale.as<float>();
+      DeviceBuffer ids(forward.topk_ids.size() * 4), weights(forward.topk_weights.size() * 4);
+      ids.upload(forward.topk_ids.data(), ids.size());
+      weights.upload(forward.topk_weights.data(), weights.size());
+      DeviceBuffer out(plain.out.size()), workspace(layer->workspace_bytes(T));
+      out.fill(kPoison, stream.get());
+      layer->experts(stream.get(), T, ids.as<int>(), weights.as<float>(), rows, out.get(), workspace.get(),
+                     workspace.size());
+      stream.sync();
+      EXPECT_TRUE(out.download_all() == plain.out) << "not experts()'s output on the model-dtype rows";
+    }
+  }
+}
+
 // fp8_block's prefill tiles past 128 weight rows: each K block's partial sums in two passes of half
 // the rows. 256 rows where every pass lies in one scale block (H = 384, I = 256: the planner's
 // prefill tile), gated GEMM 1 and not (also I = 384: a last column tile half past N, whose GEMM 1

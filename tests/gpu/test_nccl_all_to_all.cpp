@@ -3,14 +3,15 @@
 // reference.
 //
 // One GPU, a communicator of one rank: every token's row goes to rank 0 and back through NCCL (a
-// send to itself), so the output is the plain layer's: bit for bit when T = C and nothing is added
+// send to itself; fp8 layers' rows quantized), so the output is the plain layer's: bit for bit when
+// T = C and nothing is added
 // after the experts' rounding (the local experts then see the same rows in the same bucket), to the
 // layer's tolerance otherwise (a residual is added after that rounding). T = 0 writes nothing and
 // T > C is refused after serving; the call is captured in a CUDA graph and replayed.
 //
 // Several GPUs (skipped with fewer than two): a rank per GPU, each with its own tokens (T differs by
 // rank, 0 and C included), random and hostile routing (every token to the last rank's experts), in
-// fp32 and bf16: each rank's output is the single-rank layer's for its tokens, two calls are bitwise
+// fp32, bf16 and fp8_block: each rank's output is the single-rank layer's for its tokens, two calls are bitwise
 // equal, and a captured graph replays the eager call bit for bit. Not covered: a rank killed mid-call
 // (NCCL reports a dead peer at its timeout; the Python test kills one over gloo).
 #include <gtest/gtest.h>
@@ -86,8 +87,14 @@ LayerOptions all_to_all(nccl::Comm comm, int64_t capacity) {
   return options;
 }
 
-TEST(NcclAllToAll, OneRankIsTheLayer) {
-  const MoeConfig c = small_config(16, 4, 264, 136, DType::BF16);
+// bf16 rows, and fp8 rows sent quantized with their scales (bitwise too: the layer's own stage 3
+// quantizes them, once per token, before the dispatch instead of after).
+class OneRank : public testing::TestWithParam<Quant> {};
+
+TEST_P(OneRank, IsTheLayer) {
+  MoeConfig c = small_config(16, 4, 256, 136, DType::BF16);
+  c.quant = GetParam();
+  if (c.quant != Quant::None) c.moe_intermediate = 128;
   constexpr int64_t C = 40;
   Communicators group(1);
   auto plain = Layer::create(c);
@@ -130,6 +137,8 @@ TEST(NcclAllToAll, OneRankIsTheLayer) {
   const A2aRun none = run_a2a(*a2a, in.inputs(), 0, stream.get());
   EXPECT_TRUE(none.out.empty() && none.guard_intact);
   const size_t bytes = static_cast<size_t>((C + 1) * c.hidden * 2);
+  const nlohmann::json sent = nlohmann::json::parse(a2a->describe())["all_to_all"]["rows_sent_as"];
+  EXPECT_EQ(sent, c.quant == Quant::None ? "bf16" : "e4m3");
   DeviceBuffer out(bytes), workspace(a2a->workspace_bytes(0));
   out.fill(kPoison, stream.get());
   try {
@@ -143,6 +152,11 @@ TEST(NcclAllToAll, OneRankIsTheLayer) {
   const std::vector<uint8_t> after = out.download_all();
   EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](uint8_t b) { return b == kPoison; }));
 }
+
+INSTANTIATE_TEST_SUITE_P(NcclAllToAll, OneRank, testing::Values(Quant::None, Quant::Fp8Block, Quant::Fp8Tensor),
+                         [](const testing::TestParamInfo<Quant>& info) {
+                           return std::string(info.param == Quant::None ? "bf16" : to_string(info.param));
+                         });
 
 TEST(NcclAllToAll, TheExchangesAreCapturedWithTheLayer) {
   const MoeConfig c = small_config(16, 4, 264, 136, DType::FP16);
@@ -238,10 +252,15 @@ TEST(NcclAllToAll, EveryRankGetsTheWholeLayerForItsTokens) {
   constexpr int64_t C = 40;
   const std::vector<int64_t> offsets = token_offsets(ranks, C);
   Communicators group(ranks);
+  for (Quant quant : {Quant::None, Quant::Fp8Block})
   for (DType dtype : {DType::FP32, DType::BF16})
     for (bool hostile : {false, true}) {
-      SCOPED_TRACE(fmt::format("{} ranks, {}, {} routing", ranks, to_string(dtype), hostile ? "hostile" : "random"));
-      const MoeConfig c = small_config(4 * ranks, 4, 264, 136, dtype);
+      if (quant != Quant::None && dtype != DType::BF16) continue;  // fp8 layers are bf16 models
+      SCOPED_TRACE(fmt::format("{} ranks, {} {}, {} routing", ranks, to_string(dtype), to_string(quant),
+                               hostile ? "hostile" : "random"));
+      MoeConfig c = small_config(4 * ranks, 4, 256, 136, dtype);
+      c.quant = quant;
+      if (quant != Quant::None) c.moe_intermediate = 128;
       Seeds seeds;
       Problem p = make_problem(c, offsets.back(), seeds.next(), seeds.how_to_reproduce(), {.residual = true});
       if (hostile) route_to_last_rank(p, ranks);
