@@ -101,6 +101,13 @@ at::Tensor times_weight(const at::Tensor& x, const at::Tensor& w, WeightLayout l
 
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor> quantize_hidden_cpu(const at::Tensor& hidden, const std::string& config) {
+  const MoeConfig& c = parse_config(config);
+  check_quantize_hidden(c, hidden);
+  auto [q, scale] = quantize_fp8(c, hidden.to(at::kFloat));
+  return {q.to(at::kFloat8_e4m3fn), scale.contiguous()};  // exact: q holds e4m3 values
+}
+
 std::tuple<at::Tensor, at::Tensor> route_cpu(const at::Tensor& router_logits, const std::optional<at::Tensor>& bias,
                                              const std::string& config) {
   const MoeConfig& c = parse_config(config);
@@ -122,9 +129,10 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
                        const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                        const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
                        const std::string& config, const std::optional<at::Tensor>& w13_bias,
-                       const std::optional<at::Tensor>& w2_bias) {
+                       const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& hidden_scale) {
   const MoeConfig& c = parse_config(config);
-  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias,
+                       hidden_scale);
   // fp32 biases; GEMM 2's on tensor-parallel rank 0 only (the ranks' outputs are summed).
   const std::optional<at::Tensor> b13 = layer_float32(w13_bias);
   const std::optional<at::Tensor> b2 = c.tp_rank == 0 ? layer_float32(w2_bias) : std::nullopt;
@@ -143,9 +151,12 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
   const bool w8a8 = c.quant == Quant::W8A8Int8, fp8 = is_fp8(c.quant);
   at::Tensor x = hidden.to(at::kFloat);
   // fp8 has no smoothing, so each token's row is quantized once, whichever experts it visits (as
-  // the GPU's stage 3 does).
+  // the GPU's stage 3 does), or was quantized already (hidden_scale: x holds the e4m3 values).
   at::Tensor x_q, x_scale;
-  if (fp8) std::tie(x_q, x_scale) = quantize_fp8(c, x);
+  if (hidden_scale.has_value())
+    std::tie(x_q, x_scale) = std::pair{x, *hidden_scale};
+  else if (fp8)
+    std::tie(x_q, x_scale) = quantize_fp8(c, x);
   at::Tensor flat_ids = ids.reshape({-1}).to(at::kLong);
   // Y of every (token, slot) pair, zero for pairs another rank computes.
   at::Tensor y = at::zeros({tokens * K, H}, x.options());
@@ -206,7 +217,7 @@ at::Tensor moe_layer_cpu(const at::Tensor& hidden, const at::Tensor& router_logi
                     router_logits.sizes(), " but hidden has ", hidden.size(0), " rows");
   auto [weights, ids] = route_cpu(router_logits, bias, config);
   return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config,
-                     w13_bias, w2_bias);
+                     w13_bias, w2_bias, std::nullopt);
 }
 
 at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_weight, const at::Tensor& w13,
@@ -227,7 +238,7 @@ at::Tensor moe_layer_gate_cpu(const at::Tensor& hidden, const at::Tensor& gate_w
   const at::Tensor logits = sums.to(scalar_type(c.router_dtype));
   auto [weights, ids] = route_cpu(logits, bias, config);
   return experts_cpu(hidden, ids, weights, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, config,
-                     w13_bias, w2_bias);
+                     w13_bias, w2_bias, std::nullopt);
 }
 
 }  // namespace moejit::torch_ops

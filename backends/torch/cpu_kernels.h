@@ -44,6 +44,10 @@ at::Tensor experts_cpu(const at::Tensor& hidden, const at::Tensor& topk_ids, con
                        const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                        const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
                        const std::string& config, const std::optional<at::Tensor>& w13_bias,
-                       const std::optional<at::Tensor>& w2_bias);
+                       const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& hidden_scale);
+
+// An fp8 layer's stage 3 alone: hidden [T, H] -> (q float8_e4m3fn [T, H], scale fp32 [T, groups]),
+// the rows experts() takes with hidden_scale (expert parallel's fp8 dispatch sends them).
+std::tuple<at::Tensor, at::Tensor> quantize_hidden_cpu(const at::Tensor& hidden, const std::string& config);
 
 }  // namespace moejit::torch_ops

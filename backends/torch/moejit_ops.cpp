@@ -10,7 +10,9 @@
 //                     (+ gate_bias [E], model dtype, for router_bias configs: gpt-oss)
 //   moejit::route(router_logits, bias?, config) -> (topk_weights fp32, topk_ids int32)
 //   moejit::experts(hidden, topk_ids, topk_weights, w13, w2, w13_scale?, w2_scale?, input_smooth?,
-//                   act_smooth?, residual?, config, w13_bias?, w2_bias?) -> out     stages 2-6
+//                   act_smooth?, residual?, config, w13_bias?, w2_bias?, hidden_scale?) -> out  stages 2-6
+//                   (fp8 layers: hidden may come quantized, e4m3 with hidden_scale, stage 3 skipped)
+//   moejit::quantize_hidden(hidden, config) -> (q e4m3, scale fp32)      an fp8 layer's stage 3 alone
 //   (topk_ids int32 or int64; topk_weights, the correction bias and the expert biases (gpt-oss)
 //   fp32, bf16 or fp16: converted on the device, asynchronously)
 //   moejit::compile(config, device) -> str                                build + load at model load
@@ -215,27 +217,50 @@ at::Tensor experts_cuda(const at::Tensor& hidden, const at::Tensor& topk_ids, co
                         const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>& residual,
                         const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
-                        const std::optional<at::Tensor>& w2_bias) {
+                        const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& hidden_scale) {
   ConfigEntry& entry = entry_for(config_json);
   const MoeConfig& c = entry.config;
-  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias);
+  check_expert_tensors(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias, w2_bias,
+                       hidden_scale);
   const int64_t tokens = hidden.size(0);
   c10::cuda::CUDAGuard guard(hidden.device());
   const at::Tensor ids = layer_topk_ids(c, topk_ids, tokens), weights = layer_topk_weights(c, topk_weights, tokens);
   TORCH_CHECK_VALUE(ids.device() == hidden.device() && weights.device() == hidden.device(),
                     "moejit: topk_ids and topk_weights must be on ", hidden.device(), " (hidden's device)");
   const Layer& layer = layer_for(entry, hidden.device());
-  at::Tensor out = at::empty_like(hidden);
+  at::Tensor out = at::empty({tokens, c.hidden}, hidden.options().dtype(scalar_type(c.dtype)));
   at::Tensor workspace = workspace_for(layer, tokens, hidden.device());
   const std::optional<at::Tensor> w13_bias32 = layer_float32(w13_bias), w2_bias32 = layer_float32(w2_bias);
   LayerInputs in =
       expert_inputs(hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, residual, w13_bias32, w2_bias32);
+  const at::Tensor scale = hidden_scale.has_value() ? hidden_scale->contiguous() : at::Tensor();
+  if (hidden_scale.has_value()) in.hidden_scale = scale.data_ptr<float>();
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   run_layer([&] {
     layer.experts(stream, tokens, ids.data_ptr<int>(), weights.data_ptr<float>(), in, out.data_ptr(),
                   workspace.data_ptr(), workspace.numel());
   });
   return out;
+}
+
+// An fp8 layer's stage 3 on the device with ATen: the rule quantize.cuh implements (per row and
+// 128-column group, or per row: s = max(amax, 1e-10) / 448 in fp32, q = e4m3(x / s) to nearest
+// even; a NaN leaves its group's scale finite), so experts() given these rows computes what it
+// would have from hidden. |x / s| <= 448 (to fp32 rounding), where torch's conversion rounds as the
+// kernel does.
+std::tuple<at::Tensor, at::Tensor> quantize_hidden_cuda(const at::Tensor& hidden, const std::string& config_json) {
+  const MoeConfig& c = parse_config(config_json);
+  check_quantize_hidden(c, hidden);
+  c10::cuda::CUDAGuard guard(hidden.device());
+  const int64_t rows = hidden.size(0), cols = c.hidden;
+  const int64_t group = c.quant == Quant::Fp8Block ? kFp8BlockSize : cols, groups = (cols + group - 1) / group;
+  const at::Tensor grouped =
+      at::constant_pad_nd(hidden.to(at::kFloat), {0, groups * group - cols}).view({rows, groups, group});
+  at::Tensor magnitude = grouped.abs();
+  magnitude.masked_fill_(magnitude.isnan(), 0.0);
+  const at::Tensor scale = magnitude.amax(-1).clamp_min(1e-10) / 448.0f;
+  const at::Tensor q = (grouped / scale.unsqueeze(-1)).view({rows, groups * group}).narrow(1, 0, cols);
+  return {q.to(at::kFloat8_e4m3fn).contiguous(), scale.contiguous()};
 }
 
 std::string compile_cuda(const std::string& config_json, int64_t device_index) {
@@ -311,10 +336,28 @@ at::Tensor experts_meta(const at::Tensor& hidden, const at::Tensor&, const at::T
                         const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& input_smooth,
                         const std::optional<at::Tensor>& act_smooth, const std::optional<at::Tensor>&,
                         const std::string& config_json, const std::optional<at::Tensor>& w13_bias,
-                        const std::optional<at::Tensor>& w2_bias) {
-  check_meta(parse_config(config_json), hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias,
-             w2_bias);
-  return at::empty_like(hidden);
+                        const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& hidden_scale) {
+  const MoeConfig& c = parse_config(config_json);
+  if (!hidden_scale.has_value()) {
+    check_meta(c, hidden, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
+    return at::empty_like(hidden);
+  }
+  TORCH_CHECK_VALUE(is_fp8(c.quant) && hidden.scalar_type() == at::kFloat8_e4m3fn && hidden.dim() == 2 &&
+                        hidden.sym_size(1) == c.hidden,
+                    "moejit: hidden_scale is for fp8 layers, with hidden float8_e4m3fn [tokens, ", c.hidden, "]; got ",
+                    hidden.scalar_type(), " ", hidden.sym_sizes(), " for quant ", to_string(c.quant));
+  check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
+  return at::empty_symint(hidden.sym_sizes(), hidden.options().dtype(scalar_type(c.dtype)));
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_hidden_meta(const at::Tensor& hidden, const std::string& config_json) {
+  const MoeConfig& c = parse_config(config_json);
+  TORCH_CHECK_VALUE(is_fp8(c.quant), "moejit: quantize_hidden is an fp8 layer's stage 3; this config's quant is ",
+                    to_string(c.quant));
+  const c10::SymInt tokens = hidden.sym_size(0);
+  return {at::empty_symint({tokens, c10::SymInt(c.hidden)}, hidden.options().dtype(at::kFloat8_e4m3fn)),
+          at::empty_symint({tokens, c10::SymInt(activation_scale_groups(c, c.hidden))},
+                           hidden.options().dtype(at::kFloat))};
 }
 
 }  // namespace
@@ -333,7 +376,8 @@ TORCH_LIBRARY(moejit, m) {
   m.def(
       "experts(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, Tensor? w13_scale, "
       "Tensor? w2_scale, Tensor? input_smooth, Tensor? act_smooth, Tensor? residual, str config, "
-      "Tensor? w13_bias=None, Tensor? w2_bias=None) -> Tensor");
+      "Tensor? w13_bias=None, Tensor? w2_bias=None, Tensor? hidden_scale=None) -> Tensor");
+  m.def("quantize_hidden(Tensor hidden, str config) -> (Tensor, Tensor)");
   // No tensor argument, so no dispatch key: registered as a catch-all kernel.
   m.def("compile(str config, int device) -> str", &moejit::torch_ops::compile_cuda);
   m.def("hf_activations() -> str", &moejit::torch_ops::hf_activations_json);
@@ -346,6 +390,7 @@ TORCH_LIBRARY_IMPL(moejit, CUDA, m) {
   m.impl("moe_layer_gate", &moejit::torch_ops::moe_layer_gate_cuda);
   m.impl("route", &moejit::torch_ops::route_cuda);
   m.impl("experts", &moejit::torch_ops::experts_cuda);
+  m.impl("quantize_hidden", &moejit::torch_ops::quantize_hidden_cuda);
 }
 
 TORCH_LIBRARY_IMPL(moejit, CPU, m) {
@@ -353,6 +398,7 @@ TORCH_LIBRARY_IMPL(moejit, CPU, m) {
   m.impl("moe_layer_gate", &moejit::torch_ops::moe_layer_gate_cpu);
   m.impl("route", &moejit::torch_ops::route_cpu);
   m.impl("experts", &moejit::torch_ops::experts_cpu);
+  m.impl("quantize_hidden", &moejit::torch_ops::quantize_hidden_cpu);
 }
 
 TORCH_LIBRARY_IMPL(moejit, Meta, m) {
@@ -360,4 +406,5 @@ TORCH_LIBRARY_IMPL(moejit, Meta, m) {
   m.impl("moe_layer_gate", &moejit::torch_ops::moe_layer_gate_meta);
   m.impl("route", &moejit::torch_ops::route_meta);
   m.impl("experts", &moejit::torch_ops::experts_meta);
+  m.impl("quantize_hidden", &moejit::torch_ops::quantize_hidden_meta);
 }

@@ -108,10 +108,20 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
                           const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias,
-                          const std::optional<at::Tensor>& w2_bias) {
+                          const std::optional<at::Tensor>& w2_bias, const std::optional<at::Tensor>& hidden_scale) {
   TORCH_CHECK_VALUE(hidden.dim() == 2, "moejit: hidden must be [tokens, ", c.hidden, "], got ", hidden.sizes());
   const int64_t tokens = hidden.size(0);
-  expect(hidden, "hidden", scalar_type(c.dtype), {tokens, c.hidden});
+  if (hidden_scale.has_value()) {
+    TORCH_CHECK_VALUE(is_fp8(c.quant), "moejit: hidden_scale is given, but only fp8 layers take quantized hidden "
+                      "rows (this config's quant is ", to_string(c.quant), "); pass hidden in ", scalar_type(c.dtype),
+                      " and no hidden_scale");
+    expect(hidden, "hidden (quantized rows, with hidden_scale)", at::kFloat8_e4m3fn, {tokens, c.hidden});
+    expect(*hidden_scale, "hidden_scale", at::kFloat, {tokens, activation_scale_groups(c, c.hidden)});
+    TORCH_CHECK_VALUE(hidden_scale->device() == hidden.device(), "moejit: hidden_scale is on ", hidden_scale->device(),
+                      "; it must be on ", hidden.device(), " (hidden's device)");
+  } else {
+    expect(hidden, "hidden", scalar_type(c.dtype), {tokens, c.hidden});
+  }
   check_weights_and_scales(c, w13, w2, w13_scale, w2_scale, input_smooth, act_smooth, w13_bias, w2_bias);
   expect_optional(residual, "residual", scalar_type(c.dtype), {tokens, c.hidden}, false, "");
   for (const auto* t : {&w13, &w2})
@@ -123,6 +133,13 @@ void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at
     TORCH_CHECK_VALUE(!t->has_value() || (*t)->device() == hidden.device(), "moejit: ", name, " is on ",
                       t->has_value() ? (*t)->device() : hidden.device(), "; every tensor must be on ",
                       hidden.device(), " (hidden's device)");
+}
+
+void check_quantize_hidden(const MoeConfig& c, const at::Tensor& hidden) {
+  TORCH_CHECK_VALUE(is_fp8(c.quant), "moejit: quantize_hidden is an fp8 layer's stage 3; this config's quant is ",
+                    to_string(c.quant));
+  TORCH_CHECK_VALUE(hidden.dim() == 2, "moejit: hidden must be [tokens, ", c.hidden, "], got ", hidden.sizes());
+  expect(hidden, "hidden", scalar_type(c.dtype), {hidden.size(0), c.hidden});
 }
 
 void check_routable_config(const MoeConfig& c) {

@@ -18,11 +18,16 @@ void check_weights_and_scales(const MoeConfig& c, const at::Tensor& w13, const a
                               const std::optional<at::Tensor>& w2_bias);
 // A config whose forward and route are refused (e.g. topk > experts: experts-only) is refused by name.
 void check_routable_config(const MoeConfig& c);
+// hidden_scale (experts only): fp8 configs' quantized rows, hidden then float8_e4m3fn [tokens, H]
+// with hidden_scale fp32 [tokens, groups] on its device (as quantize_hidden returns them).
 void check_expert_tensors(const MoeConfig& c, const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2,
                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                           const std::optional<at::Tensor>& input_smooth, const std::optional<at::Tensor>& act_smooth,
                           const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& w13_bias,
-                          const std::optional<at::Tensor>& w2_bias);
+                          const std::optional<at::Tensor>& w2_bias,
+                          const std::optional<at::Tensor>& hidden_scale = std::nullopt);
+// quantize_hidden's input: an fp8 config, hidden [tokens, H] in the model dtype.
+void check_quantize_hidden(const MoeConfig& c, const at::Tensor& hidden);
 void check_routing_tensors(const MoeConfig& c, const at::Tensor& logits, const std::optional<at::Tensor>& bias);
 // e_score_correction_bias: [E] fp32, bf16 or fp16, given exactly for noaux_tc, on `device` (`whose` names it).
 void check_correction_bias(const MoeConfig& c, const std::optional<at::Tensor>& bias, const at::Device& device,

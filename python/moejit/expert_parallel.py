@@ -22,7 +22,10 @@ here finish the layer over the ranks of a process group, so that every rank gets
                     their counts and the host reads them (a synchronization per call, no CUDA graph),
                     then each row crosses once: for prefill, and for groups past one node, where the
                     fixed slabs would send ep_size / (distinct ranks per token) times the bytes.
-The sums are in a fixed order (rank 0 first), so a call is bitwise reproducible run to run.
+The sums are in a fixed order (rank 0 first), so a call is bitwise reproducible run to run. fp8 layers
+send the rows quantized (e4m3 bytes and their scales, by the layer's own stage-3 rule: what the
+receiving rank would have quantized itself), about half the bytes of bf16; the sums return in the
+model dtype.
 
 Both modes run the moejit ops of their device (the CPU kernels on CPU tensors), so the same code is
 tested with gloo on CPUs (tests/python/test_expert_parallel.py) and runs with NCCL on GPUs.
@@ -179,10 +182,17 @@ def _exchange_and_combine(layer, hidden, topk_ids, topk_weights, residual, sourc
     def rows(t, fill):
         return torch.cat([t, t.new_full((1,) + tuple(t.shape[1:]), fill)]).index_select(0, source)
 
-    recv_hidden = exchange(rows(hidden, 0), sent, received, "the dispatch of the tokens' rows")
     recv_ids = exchange(rows(topk_ids, -1), sent, received, "the dispatch of the tokens' top-k ids")
     recv_weights = exchange(rows(topk_weights, 0), sent, received, "the dispatch of the tokens' top-k weights")
-    partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)
+    if layer.config.quant in ("fp8_block", "fp8_tensor"):
+        # The rows travel quantized: e4m3 bytes (as uint8, which every backend moves) and their scales.
+        q, scale = layer.quantize_hidden(hidden)
+        recv_q = exchange(rows(q.view(torch.uint8), 0), sent, received, "the dispatch of the tokens' fp8 rows")
+        recv_scale = exchange(rows(scale, 0), sent, received, "the dispatch of the tokens' fp8 row scales")
+        partial = layer.experts_only(recv_q.view(torch.float8_e4m3fn), recv_ids, recv_weights, hidden_scale=recv_scale)
+    else:
+        recv_hidden = exchange(rows(hidden, 0), sent, received, "the dispatch of the tokens' rows")
+        partial = layer.experts_only(recv_hidden, recv_ids, recv_weights)
     returned = exchange(partial, received, sent, "the combine's return of the experts' sums").float()
     # Row T collects the unused rows' returns (zeros) and is dropped; within one rank's rows a
     # token appears once, so each rank's returns are one add per token.

@@ -145,12 +145,20 @@ class MoELayer(nn.Module):
                                           self.w13_scale, self.w2_scale, self.input_smooth, self.act_smooth,
                                           residual, self._config_json, w13_bias=self.w13_bias, w2_bias=self.w2_bias)
 
-    def experts_only(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def experts_only(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                     hidden_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Stages 2-6 of this rank on a given routing (topk_ids [T, K] int32 global experts, topk_weights
-        [T, K] fp32): the weighted sum of the row's local experts; other ranks' experts contribute 0."""
+        [T, K] fp32): the weighted sum of the row's local experts; other ranks' experts contribute 0.
+        fp8 layers also take hidden already quantized (float8_e4m3fn, with hidden_scale as
+        quantize_hidden returns it)."""
         return torch.ops.moejit.experts(hidden, topk_ids, topk_weights, self.w13, self.w2, self.w13_scale,
                                         self.w2_scale, self.input_smooth, self.act_smooth, None, self._config_json,
-                                        w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+                                        w13_bias=self.w13_bias, w2_bias=self.w2_bias, hidden_scale=hidden_scale)
+
+    def quantize_hidden(self, hidden: torch.Tensor):
+        """An fp8 layer's stage 3 alone: (q float8_e4m3fn [T, H], scale fp32 [T, groups]), the rows
+        experts_only takes with hidden_scale."""
+        return torch.ops.moejit.quantize_hidden(hidden, self._config_json)
 
     def route(self, router_logits: torch.Tensor):
         """(topk_weights [T, K] fp32, topk_ids [T, K] int32) of SPEC.md stage 1."""

@@ -1,8 +1,8 @@
 """Expert parallel over several processes: torch.distributed with gloo and the CPU kernels
 (python/moejit/expert_parallel.py). Every rank's output must equal the single-rank layer's on the
 same tokens, in both modes: all_reduce (ep x tp ranks, the same tokens everywhere) and all_to_all
-(ep ranks, each its own tokens: odd counts, a rank with none), with routing that leaves ranks without
-a local pair, a residual counted once, and two calls bitwise equal; a rank killed mid-run ends the
+(ep ranks, each its own tokens: odd counts, a rank with none; fp8 layers' rows sent quantized), with
+routing that leaves ranks without a local pair, a residual counted once, and two calls bitwise equal; a rank killed mid-run ends the
 others' call with an error naming the exchange, not a hang. The same code runs with NCCL on GPUs
 (one rank here, where CUDA is; several ranks need a machine of several GPUs, not run yet)."""
 
@@ -63,6 +63,49 @@ def _configs():
     ]
 
 
+def _fp8_layers(quant, seed):
+    """An fp8 layer's config (bf16 model, 256-wide rows: two 128-column scale groups) and its whole
+    e4m3 weights with fp32 scales (ep 1), the same on every rank."""
+    from moejit import MoeConfig
+
+    cfg = MoeConfig(experts=8, topk=3, hidden=256, moe_intermediate=128, dtype="bf16", quant=quant)
+    g = torch.Generator().manual_seed(seed)
+    shapes = cfg.quant_tensor_shapes()
+
+    def e4m3(shape):
+        return (torch.randn(shape, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    weights = dict(w13=e4m3(cfg.w13_shape()), w2=e4m3(cfg.w2_shape()),
+                   w13_scale=(0.5 + torch.rand(shapes["w13_scale"], generator=g)) * 1e-3,
+                   w2_scale=(0.5 + torch.rand(shapes["w2_scale"], generator=g)) * 1e-3)
+    return cfg, weights
+
+
+def _fp8_all_to_all(errors, rank, world, group, counts, device):
+    """fp8 layers in all_to_all mode (their rows sent quantized, with their scales) against the
+    single-rank fp8 layer, both sizings of the exchange."""
+    from moejit import MoELayer
+
+    start = sum(counts[:rank])
+    mine = slice(start, start + counts[rank])
+    for n, quant in enumerate(("fp8_block", "fp8_tensor")):
+        full_cfg, w = _fp8_layers(quant, seed=30 + n)
+        w = {k: t.to(device) for k, t in w.items()}
+        single = MoELayer(full_cfg, w["w13"], w["w2"], w13_scale=w["w13_scale"], w2_scale=w["w2_scale"])
+        cfg = dataclasses.replace(full_cfg, ep_size=world, ep_rank=rank)
+        e = slice(rank * cfg.local_experts, (rank + 1) * cfg.local_experts)
+        local = {k: t[e].contiguous() for k, t in w.items()}
+        hidden, logits, residual = (t.to(device) for t in _inputs(cfg, sum(counts), seed=300 + n))
+        hidden = hidden * 4  # rows of several magnitudes: the scales matter
+        for capacity in (max(counts), None):
+            layer = MoELayer(cfg, local["w13"], local["w2"], w13_scale=local["w13_scale"],
+                             w2_scale=local["w2_scale"], process_group=group, ep_mode="all_to_all",
+                             max_tokens_per_rank=capacity)
+            what = f"all_to_all {quant} C={capacity} ep {world} rank {rank}"
+            out = layer(hidden[mine], logits[mine], residual[mine])
+            _check(errors, what, out, single(hidden, logits, residual)[mine], torch.bfloat16)  # SPEC: fp8 2e-2
+
+
 def _check(errors, what, out, ref, dtype):
     err = rel_error(out, ref)
     if not err <= TOLERANCE[dtype]:
@@ -118,6 +161,8 @@ def _worker(rank, world, init_file, library, ep, tp, result_dir, backend="gloo",
                         errors.append(f"{what}: two calls differ")
                     if not torch.equal(residual[mine], kept):
                         errors.append(f"{what}: the call changed the caller's residual")
+        if tp == 1:
+            _fp8_all_to_all(errors, rank, world, group, {1: [11], 2: [7, 4], 4: [5, 0, 3, 3]}[world], device)
     except Exception as e:  # reported as the rank's failure, after the others have been told
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
         raise

@@ -438,3 +438,79 @@ def test_fp8_quant_tensor_shapes_are_the_librarys():
             hidden, logits = inputs(cfg, tokens=2)
             out = MoELayer(cfg)(hidden, logits)
             assert out.shape == hidden.shape, (quant, gated)
+
+
+@pytest.mark.parametrize("quant", ["fp8_block", "fp8_tensor"])
+def test_fp8_experts_on_quantized_rows_is_experts(quant):
+    """quantize_hidden is the layer's stage 3 alone: experts() given its rows (hidden_scale, what expert
+    parallel's fp8 dispatch sends) computes exactly what it computes from hidden, and the Meta kernels
+    agree on the shapes and dtypes."""
+    cfg = fp8_config(quant, hidden=256, moe_intermediate=128, experts=8, ep_size=2, ep_rank=1)
+    w = fp8_weights(cfg)
+    hidden, logits = inputs(cfg, tokens=13)
+    hidden[3] = 0  # a zero row: the 1e-10 scale floor
+    j = cfg.to_json()
+    weights, ids = torch.ops.moejit.route(logits, None, j)
+    args = (w["w13"], w["w2"], w["w13_scale"], w["w2_scale"], None, None, None, j)
+    q, scale = torch.ops.moejit.quantize_hidden(hidden, j)
+    groups = 2 if quant == "fp8_block" else 1
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (13, 256)
+    assert scale.dtype == torch.float32 and scale.shape == (13, groups)
+    _, ref_scale = quantize_reference(hidden, BLOCK if quant == "fp8_block" else cfg.hidden)
+    assert torch.equal(scale, ref_scale)
+    out = torch.ops.moejit.experts(hidden, ids, weights, *args)
+    given = torch.ops.moejit.experts(q, ids, weights, *args, hidden_scale=scale)
+    assert given.dtype == torch.bfloat16 and torch.equal(given, out)
+    layer = MoELayer(cfg, w["w13"], w["w2"], w13_scale=w["w13_scale"], w2_scale=w["w2_scale"])
+    again_q, again_scale = layer.quantize_hidden(hidden)
+    assert torch.equal(again_q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(again_scale, scale)
+    assert torch.equal(layer.experts_only(q, ids, weights, hidden_scale=scale), out)
+    meta = torch.ops.moejit.experts(q.to("meta"), ids.to("meta"), weights.to("meta"),
+                                    *[t.to("meta") if isinstance(t, torch.Tensor) else t for t in args],
+                                    hidden_scale=scale.to("meta"))
+    assert meta.shape == (13, 256) and meta.dtype == torch.bfloat16
+    mq, ms = torch.ops.moejit.quantize_hidden(hidden.to("meta"), j)
+    assert mq.dtype == torch.float8_e4m3fn and mq.shape == q.shape and ms.shape == scale.shape
+
+
+def test_fp8_quantized_rows_are_refused_where_they_do_not_belong():
+    cfg = fp8_config("fp8_block", hidden=256, moe_intermediate=128)
+    w = fp8_weights(cfg)
+    hidden, logits = inputs(cfg, tokens=5)
+    j = cfg.to_json()
+    weights, ids = torch.ops.moejit.route(logits, None, j)
+    args = (w["w13"], w["w2"], w["w13_scale"], w["w2_scale"], None, None, None, j)
+    q, scale = torch.ops.moejit.quantize_hidden(hidden, j)
+    with pytest.raises(ValueError, match=r"hidden_scale must have shape \[5, 2\]"):
+        torch.ops.moejit.experts(q, ids, weights, *args, hidden_scale=scale[:, :1])
+    with pytest.raises(ValueError, match=r"hidden \(quantized rows, with hidden_scale\) must be .*Float8_e4m3fn"):
+        torch.ops.moejit.experts(hidden, ids, weights, *args, hidden_scale=scale)
+    plain = MoeConfig(experts=4, topk=2, hidden=256, moe_intermediate=128, dtype="bf16")
+    w13 = torch.randn(plain.w13_shape()).to(torch.bfloat16)
+    w2 = torch.randn(plain.w2_shape()).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="only fp8 layers take quantized hidden rows"):
+        torch.ops.moejit.experts(q, ids, weights, w13, w2, None, None, None, None, None, plain.to_json(),
+                                 hidden_scale=scale)
+    with pytest.raises(ValueError, match="quantize_hidden is an fp8 layer's stage 3"):
+        torch.ops.moejit.quantize_hidden(hidden, plain.to_json())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("quant", ["fp8_block", "fp8_tensor"])
+def test_fp8_quantized_rows_on_cuda_are_the_layers_own(quant):
+    """On the GPU: quantize_hidden (ATen on the device) gives the CPU kernel's bytes and scales, and
+    the JIT's experts() given them equals its experts() on hidden bit for bit (its own stage 3 makes
+    the same rows)."""
+    cfg = fp8_config(quant, hidden=256, moe_intermediate=128, experts=8)
+    w = {k: t.cuda() for k, t in fp8_weights(cfg).items()}
+    hidden, logits = inputs(cfg, tokens=37)
+    hidden[5] = 0
+    j = cfg.to_json()
+    q_cpu, scale_cpu = torch.ops.moejit.quantize_hidden(hidden, j)
+    hidden, logits = hidden.cuda(), logits.cuda()
+    q, scale = torch.ops.moejit.quantize_hidden(hidden, j)
+    assert torch.equal(q.cpu().view(torch.uint8), q_cpu.view(torch.uint8)) and torch.equal(scale.cpu(), scale_cpu)
+    weights, ids = torch.ops.moejit.route(logits, None, j)
+    args = (w["w13"], w["w2"], w["w13_scale"], w["w2_scale"], None, None, None, j)
+    out = torch.ops.moejit.experts(hidden, ids, weights, *args)
+    assert torch.equal(torch.ops.moejit.experts(q, ids, weights, *args, hidden_scale=scale), out)
