@@ -3,12 +3,17 @@
 // over the ranks is the rank's own output, so the layer built with it must give the plain layer's
 // output bit for bit, from forward() and experts(), eagerly and as a captured CUDA graph (the
 // all-reduce called inside the capture); a communicator whose size does not fit ep_size * tp_size is refused
-// before anything compiles. Several ranks need a machine of several GPUs: not run here.
+// before anything compiles. With several GPUs (skipped below two): a rank per GPU, each its experts
+// of the same tokens, every rank's output the single-rank layer's (and the same bits on every
+// rank), eagerly and replayed from a graph captured on every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -88,6 +93,79 @@ TEST(NcclGroup, TheAllReduceIsCapturedWithTheLayer) {
   }
   (void)cudaGraphExecDestroy(exec);
   (void)cudaGraphDestroy(graph);
+}
+
+TEST(NcclGroup, SeveralRanksSumToTheLayer) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  const int ranks = std::min(gpus, 8);
+  if (ranks < 2) GTEST_SKIP() << "needs a machine of several GPUs (" << ranks << " here)";
+  Communicators group(ranks);
+  for (DType dtype : {DType::FP32, DType::BF16})
+    for (int64_t T : {37, 300}) {
+      SCOPED_TRACE(fmt::format("{} ranks, {}, T = {}", ranks, to_string(dtype), T));
+      const MoeConfig c = small_config(4 * ranks, 4, 264, 136, dtype);
+      Seeds seeds;
+      const Problem whole = make_problem(c, T, seeds.next(), seeds.how_to_reproduce(), {.residual = true});
+      GpuRun single;
+      {
+        CUDA_CHECK(cudaSetDevice(0));
+        auto layer = Layer::create(c);
+        DeviceInputs in = upload(whole);
+        Stream stream;
+        single = run_forward(*layer, in, T, stream.get());
+        ASSERT_TRUE(check_run(whole, single));
+      }
+      std::vector<std::vector<uint8_t>> outs(static_cast<size_t>(ranks)), replays(static_cast<size_t>(ranks));
+      std::vector<std::string> failures(static_cast<size_t>(ranks));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+          const size_t i = static_cast<size_t>(r);
+          try {
+            CUDA_CHECK(cudaSetDevice(r));
+            CUDA_CHECK(cudaFree(nullptr));  // the primary context current on this thread
+            const Problem mine = whole.for_rank(ranks, r);
+            LayerOptions options;
+            options.nccl_comm = group.get(r);
+            auto layer = Layer::create(mine.config, options);
+            DeviceInputs in = upload(mine);  // every rank passes the residual; rank 0 alone adds it
+            Stream stream;
+            outs[i] = run_forward(*layer, in, T, stream.get()).out;
+            DeviceBuffer out(outs[i].size()), workspace(layer->workspace_bytes(T));
+            cudaGraph_t graph = nullptr;
+            cudaGraphExec_t exec = nullptr;
+            CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+            layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
+            CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            out.fill(kPoison, stream.get());
+            CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+            stream.sync();
+            replays[i] = out.download_all();
+            (void)cudaGraphExecDestroy(exec);
+            (void)cudaGraphDestroy(graph);
+          } catch (const std::exception& e) {
+            failures[i] = e.what();
+          }
+        });
+      for (auto& t : threads) t.join();
+      const Elem e = elem_of(c.dtype);
+      for (int r = 0; r < ranks; ++r) {
+        const size_t i = static_cast<size_t>(r);
+        SCOPED_TRACE(fmt::format("rank {}", r));
+        ASSERT_EQ(failures[i], "");
+        EXPECT_TRUE(outs[i] == outs[0]) << "the ranks' sums differ";
+        EXPECT_TRUE(replays[i] == outs[i]) << "graph replay differs from the eager call";
+        std::vector<double> got(static_cast<size_t>(T * c.hidden)), want(got.size());
+        for (size_t k = 0; k < got.size(); ++k) {
+          got[k] = decode(e, outs[i].data() + k * elem_bytes(e));
+          want[k] = decode(e, single.out.data() + k * elem_bytes(e));
+        }
+        EXPECT_LE(reference::relative_error(want, got), tolerances_for(c).out) << whole.describe();
+      }
+    }
+  CUDA_CHECK(cudaSetDevice(0));
 }
 
 TEST(NcclGroup, ACommunicatorOfAnotherSizeIsRefused) {

@@ -271,8 +271,11 @@ def test_without_torch_distributed_a_group_is_refused():
                  process_group=object())
 
 
-def _killed_peer_worker(rank, world, init_file, library, result_dir, mode):
-    """Rank 1 dies after building its layer; rank 0 then calls the layer and writes how it ended."""
+def _killed_peer_worker(rank, world, init_file, library, result_dir, mode, backend="gloo"):
+    """Rank 1 dies after building its layer; rank 0 then calls the layer and writes how it ended.
+    With NCCL (a GPU per rank) the call only enqueues its collectives, so rank 0 then waits for the
+    device: NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=1: tear down) must end the process at the
+    group's timeout instead of letting it hang."""
     import os
     import time
 
@@ -283,19 +286,27 @@ def _killed_peer_worker(rank, world, init_file, library, result_dir, mode):
 
     from moejit import MoeConfig, MoELayer
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+    device = "cuda" if backend == "nccl" else "cpu"
+    if backend == "nccl":
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
     cfg = MoeConfig(experts=8, topk=2, hidden=16, moe_intermediate=8, dtype="fp32", ep_size=2, ep_rank=rank)
-    layer = MoELayer(cfg, process_group=dist.group.WORLD, ep_mode=mode, max_tokens_per_rank=4)
+    layer = MoELayer(cfg, process_group=dist.group.WORLD, ep_mode=mode, max_tokens_per_rank=4).to(device)
     if rank == 1:
         os._exit(3)  # killed mid-run: after the layer is built, before its call's exchanges
     start = time.monotonic()
+    result = pathlib.Path(result_dir) / "rank0.txt"
     try:
-        layer(torch.randn(3, 16), torch.randn(3, 8))
+        out = layer(torch.randn(3, 16, device=device), torch.randn(3, 8, device=device))
+        result.write_text(f"{time.monotonic() - start:.1f}\nenqueued")
+        if device == "cuda":
+            out.cpu()  # waits for the exchanges, which can never complete
         outcome = "returned"
     except Exception as e:  # what the surviving rank's caller sees
         outcome = f"{type(e).__name__}: {e}".replace("\n", " ")
-    (pathlib.Path(result_dir) / "rank0.txt").write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
+    result.write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
 
 
 @pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
@@ -318,3 +329,43 @@ def test_a_killed_rank_ends_the_others_call_with_an_error_not_a_hang(mode, tmp_p
     assert outcome != "returned", "rank 0's call returned although its peer was dead"
     assert f"moejit: ep_mode {mode}:" in outcome and "a rank may have died or timed out" in outcome, outcome
     assert float(elapsed) < 10, f"rank 0's call took {elapsed} s to fail (its timeout is 30 s): {outcome}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a machine of several GPUs")
+@pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
+def test_a_killed_rank_under_nccl_ends_the_others_at_the_timeout(mode, tmp_path, request):
+    """Under NCCL a dead peer surfaces only through torch's watchdog at the group's timeout (30 s): rank
+    0 must then end (an error, or the watchdog's tear-down of the process), not hang."""
+    library = request.config.getoption("--moejit-library")
+    spawn = mp.get_context("spawn")
+    args = (2, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()), str(tmp_path), mode, "nccl")
+    procs = [spawn.Process(target=_killed_peer_worker, args=(rank,) + args) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"rank(s) {hung} still running 180 s after rank 1 died (the group's timeout is 30 s)"
+    assert procs[1].exitcode == 3
+    result = tmp_path / "rank0.txt"
+    outcome = result.read_text().split("\n", 1)[1] if result.exists() else "no outcome written"
+    assert outcome != "returned" or procs[0].exitcode != 0, "rank 0's call completed although its peer was dead"
+    assert procs[0].exitcode != 0 or "a rank may have died or timed out" in outcome, (procs[0].exitcode, outcome)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a machine of several GPUs")
+@pytest.mark.parametrize("ep,tp", [(2, 1), (1, 2), (4, 1), (2, 2)])
+def test_sum_over_ranks_with_nccl_on_several_gpus(ep, tp, tmp_path, request):
+    """The CPU test's cases with NCCL, a GPU per rank."""
+    if ep * tp > torch.cuda.device_count():
+        pytest.skip(f"needs {ep * tp} GPUs ({torch.cuda.device_count()} here)")
+    library = request.config.getoption("--moejit-library")
+    world = ep * tp
+    mp.start_processes(_worker, args=(world, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()),
+                                      ep, tp, str(tmp_path), "nccl", "cuda"),
+                       nprocs=world, join=True, start_method="spawn")
+    failures = [line for r in range(world) for line in (tmp_path / f"rank{r}.txt").read_text().splitlines()]
+    assert not failures, "\n".join(failures)
