@@ -128,18 +128,28 @@ std::vector<TileOverride> stored_tuning(const MoeConfig& config, const std::stri
   return load_tuning(global_cache().disk(), config, arch, device->name).value_or(std::vector<TileOverride>{});
 }
 
-void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool with_plan, int64_t max_tokens) {
+void compile(const ConfigOptions& inputs, const std::string& arch_flag, bool with_plan, int64_t max_tokens,
+             bool all_to_all) {
   MoeConfig config = inputs.resolve();
   std::string arch = resolve_arch(arch_flag);
   KernelCache& cache = global_cache();
   const std::vector<TileOverride> tuned = stored_tuning(config, arch);
   if (!tuned.empty()) fmt::print("using the autotuned tiles stored for this device\n");
   if (with_plan) fmt::print("{}\n", describe(plan_layer(config, arch, tuned), config.placement(), max_tokens));
-  CompiledLayer layer = compile_layer(config, arch, cache, [](const UnitResult& r, size_t done, size_t total) {
+  const UnitProgress progress = [](const UnitResult& r, size_t done, size_t total) {
     fmt::print("[{}/{}] {:<8} {:<6} {:7.3f} s  {} kernel(s)  key {}\n", done, total, r.unit, to_string(r.outcome),
                r.seconds, r.binary->kernel_names.size(), r.key.substr(0, 16));
     std::fflush(stdout);
-  }, tuned);
+  };
+  CompiledLayer layer = compile_layer(config, arch, cache, progress, tuned);
+  if (all_to_all) {
+    // The all_to_all exchange's unit too (a plan of its own), so that a layer created in that mode
+    // finds every binary in the cache.
+    CompiledLayer exchange = compile_plan(exchange_plan(config, arch), cache, progress);
+    layer.plan.kernels.insert(layer.plan.kernels.end(), exchange.plan.kernels.begin(), exchange.plan.kernels.end());
+    layer.units.insert(layer.units.end(), exchange.units.begin(), exchange.units.end());
+    layer.wall_seconds += exchange.wall_seconds;
+  }
   int built = 0, hits = 0;
   double compile_seconds = 0;
   for (const auto& u : layer.units) {
@@ -220,6 +230,10 @@ int run(int argc, char** argv) {
                  "time candidate GEMM tiles on device 0 and store the fastest per token bucket in the cache "
                  "(Layer::create then uses them on this device); needs a GPU");
   comp->add_option("--max-tokens", max_tokens_text, "token count the printed workspace is sized for");
+  bool with_all_to_all = false;
+  comp->add_flag("--all-to-all", with_all_to_all,
+                 "also build the exchange kernels of expert parallel's all_to_all mode (LayerOptions::ep_mode "
+                 "AllToAll), so that such a layer starts warm");
 
   auto* cache = app.add_subcommand("cache", "inspect and maintain the kernel cache");
   cache->require_subcommand(1);
@@ -264,7 +278,7 @@ int run(int argc, char** argv) {
     } else if (comp->parsed()) {
       const int64_t max_tokens = parse_tokens("--max-tokens", max_tokens_text);
       if (with_autotune) run_autotune(compile_inputs.resolve(), arch);
-      compile(compile_inputs, arch, with_plan, max_tokens);
+      compile(compile_inputs, arch, with_plan, max_tokens, with_all_to_all);
     } else if (info_cmd->parsed()) {
       info();
     } else if (inspect_cmd->parsed()) {

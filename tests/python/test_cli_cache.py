@@ -47,3 +47,19 @@ def test_verify_says_why_and_prune_empties_the_quarantine(moejit_cli, tmp_path):
     assert list(quarantine.iterdir()) == []
     again = run_cli(moejit_cli, root, "cache", "verify")
     assert again.returncode == 0 and again.stdout.startswith(f"checked {len(found) - 1} entries, 0 bad, 0 refused"), again.stdout
+
+
+def test_compile_all_to_all_also_caches_the_exchange_unit(moejit_cli, tmp_path):
+    """`moejit compile --all-to-all` builds expert parallel's exchange unit beside the layer's, so a
+    layer created in all_to_all mode finds every binary; a second run is all cache hits."""
+    root = tmp_path / "cache"
+    args = ("compile", "--preset", "deepseek-v2-lite", "--ep-size", "4", "--arch", "sm_90a")
+    plain = run_cli(moejit_cli, root, *args)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    before = len(entries(root))
+    built = run_cli(moejit_cli, root, *args, "--all-to-all")
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert len(entries(root)) == before + 1, built.stdout
+    assert " exchange built " in built.stdout and "moejit_exchange_pack_" in built.stdout, built.stdout
+    again = run_cli(moejit_cli, root, *args, "--all-to-all")
+    assert again.returncode == 0 and " 0 built " in again.stdout, again.stdout

@@ -12,7 +12,7 @@ from moejit import MoeConfig, MoELayer
 
 from conftest import TOLERANCE, rel_error
 
-OPS = ("moe_layer", "moe_layer_gate", "route", "experts", "compile", "hf_activations")
+OPS = ("moe_layer", "moe_layer_gate", "route", "experts", "quantize_hidden", "compile", "hf_activations")
 
 
 def small_config(**kw):
