@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "compiler/families/exchange.h"
+#include "runtime/kernel_launch.h"
 #include "runtime/loaded_layer.h"
 
 namespace moejit {
@@ -33,19 +34,8 @@ class JitExchangeKernels final : public ExchangeKernels {
     const int index = plan.kernel_index(role);
     if (index < 0) throw Error(fmt::format("moejit internal error: the exchange has no {} kernel", to_string(role)));
     const KernelPlan& k = plan.kernels[static_cast<size_t>(index)];
-    const Grid grid = exchange_grid(k, plan.spec.ep_size, capacity, tokens);
-    CUlaunchConfig config{};
-    config.gridDimX = static_cast<unsigned>(grid.x);
-    config.gridDimY = static_cast<unsigned>(grid.y);
-    config.gridDimZ = 1;
-    config.blockDimX = static_cast<unsigned>(k.launch.threads);
-    config.blockDimY = 1;
-    config.blockDimZ = 1;
-    config.sharedMemBytes = static_cast<unsigned>(k.launch.shared_bytes);
-    config.hStream = stream;
-    void* params[] = {const_cast<void*>(args)};
     const CUfunction function = loaded_.functions_for(stream)[static_cast<size_t>(index)];
-    check_cuda(cuda_driver().launch_kernel_ex(&config, function, params, nullptr), k.entry.c_str());
+    launch_planned(function, k, exchange_grid(k, plan.spec.ep_size, capacity, tokens), args, stream, false);
   }
 
   LoadedLayer loaded_;

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/knobs.h"
 #include "compiler/families/grouped_gemm.h"
+#include "runtime/kernel_launch.h"
 #include "runtime/layer_checks.h"
 #include "runtime/loaded_layer.h"
 
@@ -152,33 +153,11 @@ class JitLayer final : public Layer {
     for (const CallStep& step : call) {
       KernelArgs args = pack_args(step, context);
       void* arg = std::visit([](auto& a) -> void* { return &a; }, args);
-      launch(functions[static_cast<size_t>(step.kernel)], loaded_->plan().kernels[static_cast<size_t>(step.kernel)],
-             step.grid, arg, stream, programmatic_launch_ && !first);
+      launch_planned(functions[static_cast<size_t>(step.kernel)],
+                     loaded_->plan().kernels[static_cast<size_t>(step.kernel)], step.grid, arg, stream,
+                     programmatic_launch_ && !first);
       first = false;
     }
-  }
-
-  static void launch(CUfunction function, const KernelPlan& k, Grid grid, void* args, CUstream stream,
-                     bool overlap_previous) {
-    CUlaunchConfig config{};
-    config.gridDimX = static_cast<unsigned>(grid.x);
-    config.gridDimY = static_cast<unsigned>(grid.y);
-    config.gridDimZ = 1;
-    config.blockDimX = static_cast<unsigned>(k.launch.threads);
-    config.blockDimY = 1;
-    config.blockDimZ = 1;
-    config.sharedMemBytes = static_cast<unsigned>(k.launch.shared_bytes);
-    config.hStream = stream;
-    CUlaunchAttribute overlap{};
-    overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    overlap.value.programmaticStreamSerializationAllowed = 1;
-    if (overlap_previous) {
-      config.attrs = &overlap;
-      config.numAttrs = 1;
-    }
-    void* params[] = {args};
-    CUresult r = cuda_driver().launch_kernel_ex(&config, function, params, nullptr);
-    if (r != CUDA_SUCCESS) check_cuda(r, k.entry.c_str());
   }
 
   MoeConfig config_;
