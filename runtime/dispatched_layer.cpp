@@ -31,6 +31,7 @@ class DispatchedLayer final : public Layer {
         capacity_(capacity),
         fp8_(is_fp8(inner_->config().quant)),
         groups_(exchange_scale_groups(inner_->config())) {
+    require_point_to_point(nccl_library());
     check_nccl(nccl_library().comm_user_rank(comm_, &rank_), "ncclCommUserRank");
     check_nccl(nccl_library().comm_count(comm_, &ranks_), "ncclCommCount");
     rows_ = int64_t{ranks_} * capacity_;
@@ -51,7 +52,7 @@ class DispatchedLayer final : public Layer {
   // slots and pack, the local experts on ep_size * C rows, the combine (the exchanges' kernels are
   // NCCL's). With T == 0 the call still serves the other ranks.
   int launches(int64_t tokens) const override {
-    if (tokens < 0 || tokens > capacity_) return 0;
+    tokens = own_tokens(tokens);  // outside [0, C]: the call serves the others only
     const Plan& plan = *inner_->plan();
     const int own = tokens > 0 ? plan_call(plan, Entry::Route, tokens).count + (fp8_ ? 1 : 0) + 1 : 0;
     return own + 2 + plan_call(plan, Entry::Experts, rows_, fp8_).count;
@@ -105,24 +106,26 @@ class DispatchedLayer final : public Layer {
 
  private:
   std::string over_capacity(const char* field, int64_t tokens) const {
+    const char* served = std::string(field) == "tokens"
+                             ? "; this call computed nothing for this rank's tokens (it served the other ranks' "
+                               "rows, so their calls complete)"
+                             : "";
+    if (tokens < 0) return fmt::format("{}: {} is negative; allowed 0..{}{}", field, tokens, capacity_, served);
     return fmt::format("{}: {} is more than max_tokens_per_rank = {}, the slab every rank of the all_to_all group "
                        "sends each other rank{}",
-                       field, tokens, capacity_,
-                       std::string(field) == "tokens"
-                           ? "; this call computed nothing for this rank's tokens (it served the other ranks' "
-                             "rows, so their calls complete)"
-                           : "");
+                       field, tokens, capacity_, served);
   }
 
-  // The tokens this rank sends: T, or none when T is over the capacity (the call still serves).
-  int64_t own_tokens(int64_t tokens) const {
-    check_tokens(config(), tokens);
-    return tokens > capacity_ ? 0 : tokens;
-  }
+  // The tokens this rank sends: T, or none when T is outside [0, C] (the call still serves the other
+  // ranks, then throws: a rank that left the exchange would leave them waiting until NCCL's timeout).
+  int64_t own_tokens(int64_t tokens) const { return tokens < 0 || tokens > capacity_ ? 0 : tokens; }
 
   // Every check before the first launch, so that a refused call launches nothing (the other ranks
   // then wait in the exchange: a refusal is the caller's bug, and NCCL's timeout ends them). The
-  // local experts' arguments are checked here too, on the buffers they will get.
+  // local experts' arguments are checked here too, on the buffers they will get. (What the inner
+  // layer can still refuse after the dispatch, a tensor map it cannot encode or a module load during
+  // capture in a context it has not run in, throws here and leaves the others to NCCL's timeout:
+  // an error on every rank rather than sums they cannot tell are wrong.)
   char* check_call(int64_t own, const LayerInputs& in, void* output, void* workspace, size_t workspace_size) const {
     if (own > 0) {
       check_pointer(in.hidden, "hidden", 16);
@@ -255,6 +258,7 @@ void check_dispatch_group(const MoeConfig& config, void* nccl_comm, int ordinal,
     throw InvalidInput("fuse_shared_experts: true; ep_mode all_to_all does not run fused shared experts yet (pass "
                        "them through residual, or use all_reduce)");
   const NcclLibrary& nccl = nccl_library();
+  require_point_to_point(nccl);
   const auto comm = static_cast<nccl::Comm>(nccl_comm);
   int ranks = 0, rank = -1, device = -1;
   check_nccl(nccl.comm_count(comm, &ranks), "ncclCommCount (nccl_comm)");

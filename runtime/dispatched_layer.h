@@ -1,9 +1,9 @@
 // The all_to_all mode of expert parallel for the C++ API and the C ABI (LayerOptions::ep_mode
 // AllToAll): each rank passes its own tokens; a call routes them, sends each token's hidden row (and
 // its top-k ids and weights) once to every rank that holds one of its experts, runs this rank's
-// experts on the rows that arrived, sends the weighted sums back, and adds each token's returns to
-// its residual in rank order (fp32, rounded once), so the output is the whole layer's for this
-// rank's tokens and a call is bitwise reproducible. fp8 layers send the rows quantized (e4m3 with
+// experts on the rows that arrived, sends the weighted sums back (each in the model dtype), and adds
+// each token's returns to its residual in rank order in fp32, rounded to the model dtype, so the
+// output is the whole layer's for this rank's tokens and a call is bitwise reproducible. fp8 layers send the rows quantized (e4m3 with
 // their scales, by the layer's own stage-3 kernel: what the receiving rank's GEMM 1 would have
 // quantized itself), about half the bytes of bf16; the sums return in the model dtype.
 //
@@ -15,8 +15,8 @@
 // templates/exchange.cuh's. The communicator stays the caller's, as in the all_reduce mode.
 //
 // Collective: every rank of the group must make each call (forward or experts, the same on every
-// rank), with its own T in [0, C]. A rank given T > C still serves the other ranks' rows (sending
-// none of its own), so that their calls complete, then throws InvalidInput.
+// rank), with its own T in [0, C]. A rank given T outside [0, C] still serves the other ranks' rows
+// (sending none of its own), so that their calls complete, then throws InvalidInput.
 #pragma once
 
 #include <cstdint>

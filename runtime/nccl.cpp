@@ -42,10 +42,11 @@ NcclLibrary load_nccl_library(const std::string& path, bool knob_set) {
   resolve(handle, path, "ncclCommUserRank", nccl.comm_user_rank);
   resolve(handle, path, "ncclCommCuDevice", nccl.comm_cu_device);
   resolve(handle, path, "ncclAllReduce", nccl.all_reduce);
-  resolve(handle, path, "ncclGroupStart", nccl.group_start);
-  resolve(handle, path, "ncclGroupEnd", nccl.group_end);
-  resolve(handle, path, "ncclSend", nccl.send);
-  resolve(handle, path, "ncclRecv", nccl.recv);
+  // NCCL 2.7 and later: only the all_to_all mode needs them (require_point_to_point).
+  nccl.group_start = reinterpret_cast<decltype(nccl.group_start)>(dlsym(handle, "ncclGroupStart"));
+  nccl.group_end = reinterpret_cast<decltype(nccl.group_end)>(dlsym(handle, "ncclGroupEnd"));
+  nccl.send = reinterpret_cast<decltype(nccl.send)>(dlsym(handle, "ncclSend"));
+  nccl.recv = reinterpret_cast<decltype(nccl.recv)>(dlsym(handle, "ncclRecv"));
   resolve(handle, path, "ncclCommInitAll", nccl.comm_init_all);
   resolve(handle, path, "ncclCommDestroy", nccl.comm_destroy);
   if (nccl.get_version(&nccl.version) != nccl::kSuccess || nccl.version < 20000) {
@@ -93,6 +94,13 @@ const NcclLibrary& nccl_library() {
   static const Loaded loaded = load_once();
   if (const auto* why = std::get_if<std::string>(&loaded)) throw Error(*why);
   return std::get<NcclLibrary>(loaded);
+}
+
+void require_point_to_point(const NcclLibrary& nccl) {
+  if (!nccl.group_start || !nccl.group_end || !nccl.send || !nccl.recv)
+    throw Error(fmt::format("{} (NCCL {}) has no ncclSend / ncclRecv / ncclGroupStart / ncclGroupEnd; ep_mode "
+                            "all_to_all needs NCCL 2.7 or later",
+                            nccl.path, nccl.version));
 }
 
 int nccl_type(DType dtype) {

@@ -43,8 +43,8 @@ struct NcclLibrary {
   int (*comm_cu_device)(nccl::Comm comm, int* device) = nullptr;
   int (*all_reduce)(const void* send, void* recv, size_t count, int datatype, int op, nccl::Comm comm,
                     CUstream stream) = nullptr;
-  // The all_to_all mode's exchanges (NCCL 2.7 and later): point-to-point sends and receives,
-  // grouped so that they run as one operation.
+  // The all_to_all mode's exchanges (NCCL 2.7 and later; null in an older NCCL, whose all_reduce
+  // mode still works): point-to-point sends and receives, grouped so that they run as one operation.
   int (*group_start)() = nullptr;
   int (*group_end)() = nullptr;
   int (*send)(const void* buffer, size_t count, int datatype, int peer, nccl::Comm comm, CUstream stream) = nullptr;
@@ -69,6 +69,9 @@ void close_nccl_library(NcclLibrary& nccl);
 // what failed: the library not found (and how to point moejit at one), a symbol missing, or a
 // version before 2.0. The outcome is kept: a later call fails the same way without retrying.
 const NcclLibrary& nccl_library();
+
+// Throws Error naming the library and its version when it lacks the point-to-point calls.
+void require_point_to_point(const NcclLibrary& nccl);
 
 // NCCL's data type of a model dtype.
 int nccl_type(DType dtype);

@@ -12,7 +12,8 @@
 //                     layers send the rows quantized (e4m3, by the layer's own stage-3 kernel, run
 //                     before: quantize.cuh) with their kScaleGroups scales.
 //   exchange_combine  one block per token (by column blocks): out[t] = residual[t] + the returned
-//                     sums of the ranks it went to, in fp32, rank 0 first, rounded once.
+//                     sums of the ranks it went to (each in the model dtype), added in fp32, rank 0
+//                     first, and the total rounded to the model dtype.
 //
 // Spec: using Row (pack: what is sent, the model dtype or e4m3; combine: the model dtype); kHidden,
 // kTopk, kLocalExperts (E_loc: rank r holds experts r * E_loc ..), kRanks, kThreads (a multiple of

@@ -4,8 +4,8 @@
 // layout; and what each call does, in order: route this rank's tokens, slots and pack, one NCCL group
 // sending every rank its slab of rows, ids and weights and receiving every rank's, the local experts
 // on all ep_size * C received rows, one group returning the sums, the combine; with no tokens and
-// with too many the call still serves the other ranks. The kernels' arithmetic and the real NCCL run
-// in tests/gpu/test_nccl_group.cpp.
+// with too many (or a negative count) the call still serves the other ranks. The kernels' arithmetic
+// and the real NCCL run in tests/gpu/test_nccl_all_to_all.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -436,6 +436,18 @@ TEST(DispatchedLayer, AnFp8LayerSendsItsRowsQuantizedWithTheirScales) {
     expect_exchange(f, 5, r.ids, r.weights, f.in);
     const nlohmann::json described = nlohmann::json::parse(f.layer->describe());
     EXPECT_EQ(described["all_to_all"]["rows_sent_as"], "e4m3") << described;
+    // No tokens of its own, and too many: the rank still quantizes (nothing), packs and serves.
+    for (int64_t tokens : {int64_t{0}, int64_t{9}}) {
+      events.clear();
+      if (tokens == 0)
+        f.layer->forward(f.stream, 0, f.in, f.output, f.workspace, f.layout.total_bytes);
+      else
+        expect_refused([&] { f.layer->forward(f.stream, tokens, f.in, f.output, f.workspace, f.layout.total_bytes); },
+                       "tokens: 9 is more than max_tokens_per_rank = 6");
+      expect_order(false, true);
+      expect_exchange(f, 0, reinterpret_cast<int*>(f.at(f.layout.topk_ids)),
+                      reinterpret_cast<float*>(f.at(f.layout.topk_weights)), f.in);
+    }
     // Quantized hidden rows of the caller's own are refused: the layer quantizes them itself.
     LayerInputs given = f.in;
     given.hidden_scale = fake_pointer<float>(12);
@@ -468,14 +480,27 @@ TEST(DispatchedLayer, ARankWithNoTokensStillServesTheOthers) {
 }
 
 TEST(DispatchedLayer, ARankWithTooManyTokensServesTheOthersThenRefuses) {
-  Fixture f;
-  expect_refused([&] { f.layer->forward(f.stream, 7, f.in, f.output, f.workspace, f.layout.total_bytes); },
-                 "tokens: 7 is more than max_tokens_per_rank = 6, the slab every rank of the all_to_all group sends "
-                 "each other rank; this call computed nothing for this rank's tokens (it served the other ranks' "
-                 "rows, so their calls complete)");
-  expect_order(false);
-  expect_exchange(f, 0, reinterpret_cast<int*>(f.at(f.layout.topk_ids)),
-                  reinterpret_cast<float*>(f.at(f.layout.topk_weights)), f.in);
+  struct Case {
+    int64_t tokens;
+    std::string message;
+  };
+  // Past C, past what any layer takes (T * K >= 2^31), and negative: every one still served.
+  const Case cases[] = {
+      {7, "tokens: 7 is more than max_tokens_per_rank = 6, the slab every rank of the all_to_all group sends each "
+          "other rank; this call computed nothing for this rank's tokens (it served the other ranks' rows, so "
+          "their calls complete)"},
+      {int64_t{1} << 40, "is more than max_tokens_per_rank = 6"},
+      {-1, "tokens: -1 is negative; allowed 0..6; this call computed nothing for this rank's tokens"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tokens);
+    Fixture f;
+    expect_refused([&] { f.layer->forward(f.stream, c.tokens, f.in, f.output, f.workspace, f.layout.total_bytes); },
+                   c.message);
+    expect_order(false);
+    expect_exchange(f, 0, reinterpret_cast<int*>(f.at(f.layout.topk_ids)),
+                    reinterpret_cast<float*>(f.at(f.layout.topk_weights)), f.in);
+  }
 }
 
 TEST(DispatchedLayer, ARefusedCallLaunchesNothing) {
@@ -488,7 +513,6 @@ TEST(DispatchedLayer, ARefusedCallLaunchesNothing) {
   no_w2.w2 = nullptr;
   expect_refused([&] { f.layer->forward(f.stream, 5, no_w2, f.output, f.workspace, need); }, "w2");
   expect_refused([&] { f.layer->forward(f.stream, 5, f.in, nullptr, f.workspace, need); }, "output");
-  expect_refused([&] { f.layer->forward(f.stream, -1, f.in, f.output, f.workspace, need); }, "tokens");
   expect_refused([&] { f.layer->experts(f.stream, 5, nullptr, nullptr, f.in, f.output, f.workspace, need); },
                  "topk_ids");
   EXPECT_TRUE(events.empty());
@@ -505,6 +529,7 @@ TEST(DispatchedLayer, TheWorkspaceAndLaunchesFollowTheCapacity) {
   const int experts = plan_call(plan, Entry::Experts, Fixture::kRanks * Fixture::kCapacity).count;
   EXPECT_EQ(f.layer->launches(0), 2 + experts);
   EXPECT_EQ(f.layer->launches(5), plan_call(plan, Entry::Route, 5).count + 2 + experts + 1);
+  EXPECT_EQ(f.layer->launches(7), 2 + experts) << "over C: the call serves the others only";
   const nlohmann::json described = nlohmann::json::parse(f.layer->describe());
   EXPECT_EQ(described.value("backend", ""), "recording") << described;
   EXPECT_EQ(described["all_to_all"],

@@ -63,6 +63,22 @@ TEST(Nccl, AMissingLibraryOrOneThatIsNotNcclIsAClearError) {
   }
 }
 
+// An NCCL before 2.7 (no point-to-point calls) still serves the all_reduce mode; all_to_all is refused
+// naming the library and its version.
+TEST(Nccl, AllToAllNeedsThePointToPointCalls) {
+  NcclLibrary old;
+  old.path = "/opt/nccl-2.6/libnccl.so.2";
+  old.version = 2604;
+  try {
+    require_point_to_point(old);
+    ADD_FAILURE() << "an NCCL without ncclSend accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/opt/nccl-2.6/libnccl.so.2 (NCCL 2604) has no ncclSend"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs NCCL 2.7 or later"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Nccl, TheDeclaredConstantsAreNcclHs) {
 #ifdef MOEJIT_NCCL_HEADER
   static_assert(nccl::kSuccess == ncclSuccess && nccl::kInProgress == ncclInProgress);

@@ -158,6 +158,37 @@ INSTANTIATE_TEST_SUITE_P(NcclAllToAll, OneRank, testing::Values(Quant::None, Qua
                            return std::string(info.param == Quant::None ? "bf16" : to_string(info.param));
                          });
 
+// Tokens whose ids select no expert (all -1, or past E) go to no rank: the others' rows close up in
+// the slab (slot = the count of earlier tokens that go), across the slots kernel's chunks of 256
+// tokens (T = C = 300), and the output is the plain layer's experts() on the same ids, bit for bit
+// (zero rows for the tokens that went nowhere).
+TEST(NcclAllToAll, TokensThatGoNowhereLeaveTheirSlotsToTheOthers) {
+  const MoeConfig c = small_config(16, 4, 256, 136, DType::BF16);
+  constexpr int64_t C = 300, T = 300;
+  Communicators group(1);
+  auto plain = Layer::create(c);
+  auto a2a = Layer::create(c, all_to_all(group.get(), C));
+  Seeds seeds;
+  Stream stream;
+  Problem p = make_problem(c, T, seeds.next(), seeds.how_to_reproduce());
+  DeviceInputs in = upload(p);
+  const GpuRun routed = run_forward(*plain, in, T, stream.get());
+  ASSERT_TRUE(check_run(p, routed));
+  std::vector<int> ids = routed.topk_ids;
+  for (int64_t t = 0; t < T; t += 3)  // every third token nowhere: -1, or past the experts
+    for (int j = 0; j < c.topk; ++j) ids[static_cast<size_t>(t * c.topk + j)] = t % 2 ? c.experts + j : -1;
+  const GpuRun expected = run_experts(*plain, in, T, ids, routed.topk_weights, stream.get());
+  DeviceBuffer d_ids(ids.size() * 4), d_weights(routed.topk_weights.size() * 4);
+  d_ids.upload(ids.data(), d_ids.size());
+  d_weights.upload(routed.topk_weights.data(), d_weights.size());
+  const A2aRun got = run_a2a(*a2a, in.inputs(), T, stream.get(), d_ids.as<int>(), d_weights.as<float>());
+  EXPECT_TRUE(got.guard_intact);
+  EXPECT_TRUE(got.out == expected.out) << "not the plain layer's experts() on the same ids; " << p.describe();
+  const int64_t row = c.hidden * 2;
+  EXPECT_TRUE(std::all_of(got.out.begin(), got.out.begin() + row, [](uint8_t b) { return b == 0; }))
+      << "token 0 went nowhere: its row must be zeros";
+}
+
 TEST(NcclAllToAll, TheExchangesAreCapturedWithTheLayer) {
   const MoeConfig c = small_config(16, 4, 264, 136, DType::FP16);
   constexpr int64_t C = 48, T = 45;
