@@ -124,8 +124,8 @@ class DispatchedLayer final : public Layer {
   // then wait in the exchange: a refusal is the caller's bug, and NCCL's timeout ends them). The
   // local experts' arguments are checked here too, on the buffers they will get. (What the inner
   // layer can still refuse after the dispatch, a tensor map it cannot encode or a module load during
-  // capture in a context it has not run in, throws here and leaves the others to NCCL's timeout:
-  // an error on every rank rather than sums they cannot tell are wrong.)
+  // capture in a context it has not run in, throws from its experts() call and leaves the others to
+  // NCCL's timeout: an error on every rank rather than sums they cannot tell are wrong.)
   char* check_call(int64_t own, const LayerInputs& in, void* output, void* workspace, size_t workspace_size) const {
     if (own > 0) {
       check_pointer(in.hidden, "hidden", 16);
