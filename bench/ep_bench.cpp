@@ -35,6 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "bench/device_buffer.h"
 #include "common/error.h"
 #include "runtime/layer.h"
 #include "runtime/nccl.h"
@@ -43,29 +44,9 @@ using namespace moejit;
 
 namespace {
 
-#define CUDA_OK(call)                                                                               \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) throw Error(fmt::format("{}: {}", #call, cudaGetErrorString(e_)));      \
-  } while (0)
-
-struct Buffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit Buffer(size_t n = 0) : bytes(n) {
-    if (n) CUDA_OK(cudaMalloc(&ptr, n));
-  }
-  ~Buffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  char* at(size_t offset = 0) const { return static_cast<char*>(ptr) + offset; }
-};
-
 // `bytes` of a 64 MiB block of bf16 values uniform in [-scale, scale], repeated.
-std::unique_ptr<Buffer> random_bf16(size_t bytes, float scale, uint64_t seed) {
-  auto out = std::make_unique<Buffer>(bytes);
+std::unique_ptr<DeviceBuffer> random_bf16(size_t bytes, float scale, uint64_t seed) {
+  auto out = std::make_unique<DeviceBuffer>(bytes);
   const size_t block = std::min<size_t>(bytes, size_t{64} << 20) / 2 * 2;
   std::vector<__nv_bfloat16> host(block / 2);
   std::mt19937_64 rng(seed);
@@ -76,8 +57,8 @@ std::unique_ptr<Buffer> random_bf16(size_t bytes, float scale, uint64_t seed) {
   return out;
 }
 
-std::unique_ptr<Buffer> upload(const void* data, size_t bytes) {
-  auto out = std::make_unique<Buffer>(bytes);
+std::unique_ptr<DeviceBuffer> upload(const void* data, size_t bytes) {
+  auto out = std::make_unique<DeviceBuffer>(bytes);
   CUDA_OK(cudaMemcpy(out->ptr, data, bytes, cudaMemcpyHostToDevice));
   return out;
 }
@@ -131,7 +112,7 @@ double time_ranks(int ranks, int iters, const std::function<void(int, cudaStream
 
 // One group of sends and receives: each rank sends `bytes` to every rank (itself included when
 // `self`) from send + peer * bytes and receives likewise.
-void exchange(const NcclLibrary& nccl, nccl::Comm comm, int ranks, int rank, const Buffer& send, const Buffer& recv,
+void exchange(const NcclLibrary& nccl, nccl::Comm comm, int ranks, int rank, const DeviceBuffer& send, const DeviceBuffer& recv,
               size_t bytes, bool self, cudaStream_t stream) {
   check_nccl(nccl.group_start(), "ncclGroupStart");
   for (int peer = 0; peer < ranks; ++peer) {
@@ -152,10 +133,10 @@ Rates measure_links(const std::vector<nccl::Comm>& comms, int iters) {
   const int ranks = static_cast<int>(comms.size());
   const size_t chunk = size_t{64} << 20;
   const NcclLibrary& nccl = nccl_library();
-  std::vector<std::unique_ptr<Buffer>> send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks));
+  std::vector<std::unique_ptr<DeviceBuffer>> send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks));
   on_every_rank(ranks, [&](int r) {
-    send[static_cast<size_t>(r)] = std::make_unique<Buffer>(chunk * ranks);
-    recv[static_cast<size_t>(r)] = std::make_unique<Buffer>(chunk * ranks);
+    send[static_cast<size_t>(r)] = std::make_unique<DeviceBuffer>(chunk * ranks);
+    recv[static_cast<size_t>(r)] = std::make_unique<DeviceBuffer>(chunk * ranks);
   });
   Rates rates;
   const double a2a_us = time_ranks(ranks, iters, [&](int r, cudaStream_t s) {
@@ -181,7 +162,7 @@ Rates measure_links(const std::vector<nccl::Comm>& comms, int iters) {
 // A rank's weights and inputs for up to `rows` rows.
 struct RankData {
   MoeConfig config;
-  std::unique_ptr<Buffer> w13, w2, bias, hidden, logits, ids, weights, out;
+  std::unique_ptr<DeviceBuffer> w13, w2, bias, hidden, logits, ids, weights, out;
   LayerInputs inputs() const {
     LayerInputs in;
     in.hidden = hidden->ptr;
@@ -198,15 +179,15 @@ std::unique_ptr<RankData> make_rank_data(const MoeConfig& config, int64_t rows) 
   d->config = config;
   const int64_t E = config.experts, K = config.topk, H = config.hidden, N1 = config.gemm1_rows();
   const int64_t I = config.local_intermediate(), El = config.local_experts();
-  const uint64_t seed = 1000 + static_cast<uint64_t>(config.ep_rank);
+  // The rank's own experts; the same tokens on every rank (the all_reduce mode's premise).
+  const uint64_t seed = 1000 + static_cast<uint64_t>(config.ep_rank), tokens_seed = 999;
   d->w13 = random_bf16(static_cast<size_t>(El * N1 * H * 2), 1.0f / std::sqrt(float(H)), seed);
   d->w2 = random_bf16(static_cast<size_t>(El * H * I * 2), 1.0f / std::sqrt(float(I)), seed + 1);
-  d->hidden = random_bf16(static_cast<size_t>(rows * H * 2), 1.0f, seed + 2);
-  std::mt19937_64 rng(seed + 3);
+  d->hidden = random_bf16(static_cast<size_t>(rows * H * 2), 1.0f, tokens_seed);
+  std::mt19937_64 rng(tokens_seed + 1);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-  std::vector<float> logits(static_cast<size_t>(rows * E));
+  std::vector<float> logits(static_cast<size_t>(rows * E));  // fp32: run_preset's router_dtype
   for (auto& v : logits) v = u(rng);
-  d->config.router_dtype = DType::FP32;
   d->logits = upload(logits.data(), logits.size() * 4);
   if (config.topk_method == TopkMethod::NoauxTc) {
     std::vector<float> bias(static_cast<size_t>(E), 0.0f);
@@ -223,7 +204,7 @@ std::unique_ptr<RankData> make_rank_data(const MoeConfig& config, int64_t rows) 
   std::vector<float> weights(ids.size(), 1.0f / static_cast<float>(K));
   d->ids = upload(ids.data(), ids.size() * 4);
   d->weights = upload(weights.data(), weights.size() * 4);
-  d->out = std::make_unique<Buffer>(static_cast<size_t>(rows * H * 2));
+  d->out = std::make_unique<DeviceBuffer>(static_cast<size_t>(rows * H * 2));
   return d;
 }
 
@@ -257,8 +238,8 @@ std::vector<Point> run_preset(const std::string& name, int ranks, const std::vec
       Point p{name, mode, ranks, T};
       const bool a2a = mode == "all_to_all";
       std::vector<std::unique_ptr<Layer>> layers(static_cast<size_t>(ranks)), plain(static_cast<size_t>(ranks));
-      std::vector<std::unique_ptr<Buffer>> ws(static_cast<size_t>(ranks)), plain_ws(static_cast<size_t>(ranks));
-      std::vector<std::unique_ptr<Buffer>> send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks));
+      std::vector<std::unique_ptr<DeviceBuffer>> ws(static_cast<size_t>(ranks)), plain_ws(static_cast<size_t>(ranks));
+      std::vector<std::unique_ptr<DeviceBuffer>> send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks));
       const int64_t compute_rows = a2a ? ranks * T : T;
       on_every_rank(ranks, [&](int r) {
         const size_t i = static_cast<size_t>(r);
@@ -270,12 +251,12 @@ std::vector<Point> run_preset(const std::string& name, int ranks, const std::vec
         }
         layers[i] = Layer::create(data[i]->config, options);
         plain[i] = Layer::create(data[i]->config);
-        ws[i] = std::make_unique<Buffer>(layers[i]->workspace_bytes(T));
-        plain_ws[i] = std::make_unique<Buffer>(plain[i]->workspace_bytes(compute_rows));
+        ws[i] = std::make_unique<DeviceBuffer>(layers[i]->workspace_bytes(T));
+        plain_ws[i] = std::make_unique<DeviceBuffer>(plain[i]->workspace_bytes(compute_rows));
         // all_to_all: the dispatch's three arrays and the return, each R slabs of T rows.
         const size_t slab = static_cast<size_t>(T * (a2a ? row + 8 * K : row));
-        send[i] = std::make_unique<Buffer>(slab * ranks);
-        recv[i] = std::make_unique<Buffer>(slab * ranks);
+        send[i] = std::make_unique<DeviceBuffer>(slab * ranks);
+        recv[i] = std::make_unique<DeviceBuffer>(slab * ranks);
       });
       p.total = time_ranks(ranks, iters, [&](int r, cudaStream_t s) {
         const auto& d = *data[static_cast<size_t>(r)];

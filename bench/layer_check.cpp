@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/device_buffer.h"
 #include "common/error.h"
 #include "runtime/layer.h"
 #include "tests/reference/reference.h"
@@ -24,12 +25,6 @@
 using namespace moejit;
 
 namespace {
-
-#define CUDA_OK(call)                                                                               \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) throw Error(fmt::format("{}: {}", #call, cudaGetErrorString(e_)));      \
-  } while (0)
 
 // Rounds `values` to `dtype` in place and returns the device bytes.
 std::vector<char> to_device_bytes(std::vector<double>& values, DType dtype) {
@@ -51,17 +46,6 @@ std::vector<char> to_device_bytes(std::vector<double>& values, DType dtype) {
   }
   return bytes;
 }
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { CUDA_OK(cudaMalloc(&ptr, std::max<size_t>(bytes, 1))); }
-  DeviceBuffer(const std::vector<char>& bytes) : DeviceBuffer(bytes.size()) {
-    CUDA_OK(cudaMemcpy(ptr, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 std::vector<double> uniform(size_t n, double scale, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> dist(-scale, scale);

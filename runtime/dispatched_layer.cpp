@@ -1,9 +1,9 @@
 #include "runtime/dispatched_layer.h"
 
 #include <algorithm>
-#include <exception>
+#include <array>
+#include <span>
 #include <string>
-#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -175,21 +175,22 @@ class DispatchedLayer final : public Layer {
     const int64_t H = config().hidden, K = config().topk;
     const int64_t row_bytes = H * static_cast<int64_t>(dtype_bytes(config().dtype));
     const int row_type = nccl_type(config().dtype);
-    std::vector<Slabs> dispatch = {
+    // On the stack: a call allocates nothing (the fp8 scales are the fourth array).
+    const std::array<Slabs, 4> dispatch = {
         fp8_ ? Slabs{at(layout_.send_rows), at(layout_.recv_rows), H, H, nccl::kUint8}
              : Slabs{at(layout_.send_rows), at(layout_.recv_rows), row_bytes, H, row_type},
-        {at(layout_.send_ids), at(layout_.recv_ids), K * 4, K, nccl::kInt32},
-        {at(layout_.send_weights), at(layout_.recv_weights), K * 4, K, nccl::kFloat32}};
-    if (fp8_) dispatch.push_back({at(layout_.send_scales), at(layout_.recv_scales), groups_ * 4, groups_, nccl::kFloat32});
-    send_and_receive(stream, dispatch,
+        Slabs{at(layout_.send_ids), at(layout_.recv_ids), K * 4, K, nccl::kInt32},
+        Slabs{at(layout_.send_weights), at(layout_.recv_weights), K * 4, K, nccl::kFloat32},
+        Slabs{at(layout_.send_scales), at(layout_.recv_scales), groups_ * 4, groups_, nccl::kFloat32}};
+    send_and_receive(stream, std::span(dispatch).first(fp8_ ? 4 : 3),
                      fp8_ ? "the dispatch of the tokens' fp8 rows, top-k ids, weights and row scales"
                           : "the dispatch of the tokens' rows, top-k ids and weights");
     inner_->experts(stream, rows_, reinterpret_cast<const int*>(at(layout_.recv_ids)),
                     reinterpret_cast<const float*>(at(layout_.recv_weights)), local_inputs(in, ws), at(layout_.partial),
                     at(layout_.inner), static_cast<size_t>(layout_.inner_bytes));
     // The sums go back into send_rows, which the dispatch no longer needs.
-    send_and_receive(stream, {{at(layout_.partial), at(layout_.send_rows), row_bytes, H, row_type}},
-                     "the combine's return of the experts' sums");
+    const Slabs returned{at(layout_.partial), at(layout_.send_rows), row_bytes, H, row_type};
+    send_and_receive(stream, std::span(&returned, 1), "the combine's return of the experts' sums");
     kernels_->combine(stream, ExchangeCombineArgs{at(layout_.send_rows),
                                                   reinterpret_cast<const int*>(at(layout_.slot_of)), in.residual,
                                                   output, own, capacity_});
@@ -205,10 +206,12 @@ class DispatchedLayer final : public Layer {
   };
 
   // Every slab to its rank and every rank's slab in, as one NCCL group (one launch). The group is
-  // always closed, even when a call in it fails, so that the communicator stays usable.
-  void send_and_receive(CUstream stream, const std::vector<Slabs>& arrays, const char* what) const {
+  // always closed, even when a call in it fails, so that the communicator stays usable. Messages are
+  // formatted only on failure: a call allocates nothing.
+  void send_and_receive(CUstream stream, std::span<const Slabs> arrays, const char* what) const {
     const NcclLibrary& nccl = nccl_library();
-    check_nccl(nccl.group_start(), fmt::format("ncclGroupStart ({})", what).c_str());
+    const int started = nccl.group_start();
+    if (started != nccl::kSuccess) check_nccl(started, fmt::format("ncclGroupStart ({})", what).c_str());
     int failed = nccl::kSuccess;
     const char* failed_call = "";
     for (const Slabs& a : arrays)
@@ -223,8 +226,10 @@ class DispatchedLayer final : public Layer {
         }
       }
     const int ended = nccl.group_end();
-    check_nccl(failed, fmt::format("{} ({}, all_to_all over {} ranks)", failed_call, what, ranks_).c_str());
-    check_nccl(ended, fmt::format("ncclGroupEnd ({}, all_to_all over {} ranks)", what, ranks_).c_str());
+    if (failed != nccl::kSuccess)
+      check_nccl(failed, fmt::format("{} ({}, all_to_all over {} ranks)", failed_call, what, ranks_).c_str());
+    if (ended != nccl::kSuccess)
+      check_nccl(ended, fmt::format("ncclGroupEnd ({}, all_to_all over {} ranks)", what, ranks_).c_str());
   }
 
   std::unique_ptr<Layer> inner_;

@@ -119,6 +119,39 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// What `work` enqueues on `stream`, captured (thread-local mode) into an instantiated CUDA graph;
+// the capture is ended even when `work` throws. Destroyed with the object.
+class CapturedGraph {
+ public:
+  template <typename Work>
+  CapturedGraph(cudaStream_t stream, Work&& work) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      work();
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream, &graph_);
+      reset();
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~CapturedGraph() { reset(); }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(cudaStream_t stream) const { CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  void reset() {
+    if (exec_) (void)cudaGraphExecDestroy(exec_);
+    if (graph_) (void)cudaGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+  }
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // ---------------------------------------------------------------------------------------------
 // bf16 / fp16 on the host, round to nearest even, by bit manipulation (checked against the CUDA
 // headers' host functions in test_harness.cpp).

@@ -199,30 +199,19 @@ TEST(NcclAllToAll, TheExchangesAreCapturedWithTheLayer) {
   DeviceInputs in = upload(p);
   Stream stream;
   DeviceBuffer out(T * c.hidden * 2), workspace(layer->workspace_bytes(T));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-  try {
+  const CapturedGraph graph(stream.get(), [&] {
     layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
-  } catch (...) {
-    (void)cudaStreamEndCapture(stream.get(), &graph);
-    if (graph) (void)cudaGraphDestroy(graph);
-    throw;
-  }
-  CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  });
   for (int round = 0; round < 2; ++round) {
     redraw_activations(p, seeds.next());
     upload_activations(p, in, stream.get());
     out.fill(kPoison, stream.get());
-    CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    graph.launch(stream.get());
     stream.sync();
     const std::vector<uint8_t> replayed = out.download_all();
     EXPECT_TRUE(replayed == run_a2a(*layer, in.inputs(), T, stream.get()).out)
         << "round " << round << ": graph replay differs from the eager call";
   }
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
 }
 
 TEST(NcclAllToAll, AGroupThatDoesNotFitIsRefused) {
@@ -327,20 +316,15 @@ TEST(NcclAllToAll, EveryRankGetsTheWholeLayerForItsTokens) {
               failures[static_cast<size_t>(r)] += "two calls differ; ";
             // The whole call as a CUDA graph, captured on every rank, replayed on every rank.
             DeviceBuffer out(static_cast<size_t>(std::max<int64_t>(T, 1) * row)), workspace(layer->workspace_bytes(0));
-            cudaGraph_t graph = nullptr;
-            cudaGraphExec_t exec = nullptr;
-            CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-            layer->forward(stream.get(), T, in, out.get(), workspace.get(), workspace.size());
-            CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            const CapturedGraph graph(stream.get(), [&] {
+              layer->forward(stream.get(), T, in, out.get(), workspace.get(), workspace.size());
+            });
             out.fill(kPoison, stream.get());
-            CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+            graph.launch(stream.get());
             stream.sync();
             std::vector<uint8_t> replayed = out.download_all();
             replayed.resize(static_cast<size_t>(T * row));
             if (replayed != got[static_cast<size_t>(r)].out) failures[static_cast<size_t>(r)] += "graph replay differs; ";
-            (void)cudaGraphExecDestroy(exec);
-            (void)cudaGraphDestroy(graph);
           } catch (const std::exception& e) {
             failures[static_cast<size_t>(r)] += e.what();
           }

@@ -65,34 +65,23 @@ TEST(NcclGroup, TheAllReduceIsCapturedWithTheLayer) {
   DeviceInputs in = upload(p);
   Stream stream;
   DeviceBuffer out(T * c.hidden * dtype_bytes(c.dtype)), workspace(layer->workspace_bytes(T));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-  try {
-    layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
-  } catch (...) {
-    (void)cudaStreamEndCapture(stream.get(), &graph);
-    if (graph) (void)cudaGraphDestroy(graph);
-    throw;
-  }
   // (An in-place all-reduce over one rank adds no node: NCCL has nothing to move. What this checks is
   // that ncclAllReduce is legal inside the capture and the replay is right; several ranks' nodes
   // need several GPUs.)
-  CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream.get(), [&] {
+    layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
+  });
   for (int round = 0; round < 2; ++round) {
     redraw_activations(p, seeds.next());
     upload_activations(p, in, stream.get());
     out.fill(kPoison, stream.get());
-    CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    graph.launch(stream.get());
     stream.sync();
     const std::vector<uint8_t> replayed = out.download_all();
     const GpuRun eager = run_forward(*layer, in, T, stream.get());
     EXPECT_TRUE(check_run(p, eager)) << "round " << round;
     EXPECT_TRUE(replayed == eager.out) << "round " << round << ": graph replay differs from the eager call";
   }
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
 }
 
 TEST(NcclGroup, SeveralRanksSumToTheLayer) {
@@ -133,18 +122,13 @@ TEST(NcclGroup, SeveralRanksSumToTheLayer) {
             Stream stream;
             outs[i] = run_forward(*layer, in, T, stream.get()).out;
             DeviceBuffer out(outs[i].size()), workspace(layer->workspace_bytes(T));
-            cudaGraph_t graph = nullptr;
-            cudaGraphExec_t exec = nullptr;
-            CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-            layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
-            CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            const CapturedGraph graph(stream.get(), [&] {
+              layer->forward(stream.get(), T, in.inputs(), out.get(), workspace.get(), workspace.size());
+            });
             out.fill(kPoison, stream.get());
-            CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+            graph.launch(stream.get());
             stream.sync();
             replays[i] = out.download_all();
-            (void)cudaGraphExecDestroy(exec);
-            (void)cudaGraphDestroy(graph);
           } catch (const std::exception& e) {
             failures[i] = e.what();
           }

@@ -171,27 +171,27 @@ def _worker(rank, world, init_file, library, ep, tp, result_dir, backend="gloo",
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("ep,tp", [(2, 1), (1, 2), (4, 1), (2, 2)])
-def test_sum_over_ranks_equals_the_single_rank_layer(ep, tp, tmp_path, request):
+def _run_workers(ep, tp, tmp_path, request, backend="gloo", device="cpu"):
+    """ep * tp ranks of _worker; fails with every rank's failures."""
     library = request.config.getoption("--moejit-library")
     world = ep * tp
     mp.start_processes(_worker, args=(world, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()),
-                                      ep, tp, str(tmp_path)),
+                                      ep, tp, str(tmp_path), backend, device),
                        nprocs=world, join=True, start_method="spawn")
     failures = [line for r in range(world) for line in (tmp_path / f"rank{r}.txt").read_text().splitlines()]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("ep,tp", [(2, 1), (1, 2), (4, 1), (2, 2)])
+def test_sum_over_ranks_equals_the_single_rank_layer(ep, tp, tmp_path, request):
+    _run_workers(ep, tp, tmp_path, request)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_one_rank_nccl_group_on_cuda(tmp_path, request):
     """Both modes through NCCL on one GPU (a group of one rank: the collectives are copies), so the
     CUDA path of expert_parallel.py runs where several GPUs are not at hand."""
-    library = request.config.getoption("--moejit-library")
-    mp.start_processes(_worker, args=(1, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()),
-                                      1, 1, str(tmp_path), "nccl", "cuda"),
-                       nprocs=1, join=True, start_method="spawn")
-    failures = (tmp_path / "rank0.txt").read_text().splitlines()
-    assert not failures, "\n".join(failures)
+    _run_workers(1, 1, tmp_path, request, "nccl", "cuda")
 
 
 def _refusal_worker(rank, world, init_file, library, result_dir):
@@ -309,36 +309,13 @@ def _killed_peer_worker(rank, world, init_file, library, result_dir, mode, backe
     result.write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
 
 
-@pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
-def test_a_killed_rank_ends_the_others_call_with_an_error_not_a_hang(mode, tmp_path, request):
+def _run_with_a_killed_rank(mode, backend, tmp_path, request):
+    """Two ranks of _killed_peer_worker; fails unless both ended within 180 s (rank 1 by its kill).
+    Returns rank 0's process and its rank0.txt path."""
     library = request.config.getoption("--moejit-library")
     spawn = mp.get_context("spawn")
-    args = (2, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()), str(tmp_path), mode)
-    procs = [spawn.Process(target=_killed_peer_worker, args=(rank,) + args) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"rank(s) {hung} still running 180 s after rank 1 died"
-    assert procs[1].exitcode == 3
-    elapsed, outcome = (tmp_path / "rank0.txt").read_text().split("\n", 1)
-    assert outcome != "returned", "rank 0's call returned although its peer was dead"
-    assert f"moejit: ep_mode {mode}:" in outcome and "a rank may have died or timed out" in outcome, outcome
-    assert float(elapsed) < 10, f"rank 0's call took {elapsed} s to fail (its timeout is 30 s): {outcome}"
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a machine of several GPUs")
-@pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
-def test_a_killed_rank_under_nccl_ends_the_others_at_the_timeout(mode, tmp_path, request):
-    """Under NCCL a dead peer surfaces only through torch's watchdog at the group's timeout (30 s): rank
-    0 must then end (an error, or the watchdog's tear-down of the process), not hang."""
-    library = request.config.getoption("--moejit-library")
-    spawn = mp.get_context("spawn")
-    args = (2, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()), str(tmp_path), mode, "nccl")
+    args = (2, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()), str(tmp_path), mode,
+            backend)
     procs = [spawn.Process(target=_killed_peer_worker, args=(rank,) + args) for rank in range(2)]
     for p in procs:
         p.start()
@@ -350,14 +327,31 @@ def test_a_killed_rank_under_nccl_ends_the_others_at_the_timeout(mode, tmp_path,
             p.kill()
     assert not hung, f"rank(s) {hung} still running 180 s after rank 1 died (the group's timeout is 30 s)"
     assert procs[1].exitcode == 3
-    result = tmp_path / "rank0.txt"
-    assert result.exists(), f"rank 0 ended (exit {procs[0].exitcode}) before calling the layer"
+    return procs[0], tmp_path / "rank0.txt"
+
+
+@pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
+def test_a_killed_rank_ends_the_others_call_with_an_error_not_a_hang(mode, tmp_path, request):
+    _, result = _run_with_a_killed_rank(mode, "gloo", tmp_path, request)
+    elapsed, outcome = result.read_text().split("\n", 1)
+    assert outcome != "returned", "rank 0's call returned although its peer was dead"
+    assert f"moejit: ep_mode {mode}:" in outcome and "a rank may have died or timed out" in outcome, outcome
+    assert float(elapsed) < 10, f"rank 0's call took {elapsed} s to fail (its timeout is 30 s): {outcome}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a machine of several GPUs")
+@pytest.mark.parametrize("mode", ["all_reduce", "all_to_all"])
+def test_a_killed_rank_under_nccl_ends_the_others_at_the_timeout(mode, tmp_path, request):
+    """Under NCCL a dead peer surfaces only through torch's watchdog at the group's timeout (30 s): rank
+    0 must then end (an error, or the watchdog's tear-down of the process), not hang."""
+    rank0, result = _run_with_a_killed_rank(mode, "nccl", tmp_path, request)
+    assert result.exists(), f"rank 0 ended (exit {rank0.exitcode}) before calling the layer"
     outcome = result.read_text().split("\n", 1)[1]
     # Either the call raised naming the exchange, or it enqueued its collectives and the watchdog then
     # tore the waiting process down (a non-zero exit); never a completed call.
     assert outcome != "returned", "rank 0's call completed although its peer was dead"
     if outcome == "enqueued":
-        assert procs[0].exitcode != 0, "rank 0 waited on a dead peer and exited cleanly"
+        assert rank0.exitcode != 0, "rank 0 waited on a dead peer and exited cleanly"
     else:
         assert f"moejit: ep_mode {mode}:" in outcome and "a rank may have died or timed out" in outcome, outcome
 
@@ -368,10 +362,4 @@ def test_sum_over_ranks_with_nccl_on_several_gpus(ep, tp, tmp_path, request):
     """The CPU test's cases with NCCL, a GPU per rank."""
     if ep * tp > torch.cuda.device_count():
         pytest.skip(f"needs {ep * tp} GPUs ({torch.cuda.device_count()} here)")
-    library = request.config.getoption("--moejit-library")
-    world = ep * tp
-    mp.start_processes(_worker, args=(world, str(tmp_path / "store"), library and str(pathlib.Path(library).resolve()),
-                                      ep, tp, str(tmp_path), "nccl", "cuda"),
-                       nprocs=world, join=True, start_method="spawn")
-    failures = [line for r in range(world) for line in (tmp_path / f"rank{r}.txt").read_text().splitlines()]
-    assert not failures, "\n".join(failures)
+    _run_workers(ep, tp, tmp_path, request, "nccl", "cuda")
